@@ -1,0 +1,79 @@
+"""The Backend interface. The AllocationManager talks to memory only through it."""
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+from gpumemctl.protocol import NoMemory, NotFound, format_size
+
+
+@dataclasses.dataclass
+class DeviceInfo:
+    index: int
+    uuid: str
+    name: str
+    total: int           # bytes this backend may hand out on the device
+    free: int            # bytes still free for new allocations
+    granularity: int     # capacity is a multiple of this
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class Buffer(abc.ABC):
+    """One allocation's memory. Owned by the backend that made or adopted it."""
+    capacity: int
+    device: str          # device UUID
+
+
+class Backend(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def devices(self) -> list[DeviceInfo]: ...
+
+    def device(self, spec: str | int | None) -> DeviceInfo:
+        """Resolve a device by index or UUID (None: the first one)."""
+        devices = self.devices()
+        if spec is None or spec == "":
+            return devices[0]
+        text = str(spec)
+        for dev in devices:
+            if text == str(dev.index) or text.lower() == dev.uuid.lower():
+                return dev
+        known = ", ".join(f"{d.index} ({d.uuid})" for d in devices)
+        raise NotFound(f"no device {text!r} on the {self.name} backend; devices: {known}")
+
+    def check_free(self, dev: DeviceInfo, capacity: int) -> None:
+        if capacity > dev.free:
+            raise NoMemory(
+                f"out of memory on device {dev.index} ({dev.uuid}): {format_size(dev.free)} "
+                f"({dev.free} bytes) free, {format_size(capacity)} ({capacity} bytes) requested",
+                details={"device": dev.uuid, "free": dev.free, "requested": capacity})
+
+    @abc.abstractmethod
+    def allocate(self, capacity: int, device: str, label: str) -> Buffer: ...
+
+    @abc.abstractmethod
+    def free(self, buf: Buffer) -> None: ...
+
+    @abc.abstractmethod
+    def export(self, buf: Buffer, writable: bool) -> int:
+        """A new fd for a client; the caller closes it after sending."""
+
+    @abc.abstractmethod
+    def keeper_fds(self, buf: Buffer) -> list[int]:
+        """New fds that let the keeper hold the memory; the caller closes them after sending."""
+
+    @abc.abstractmethod
+    def adopt(self, fds: list[int], capacity: int, device: str) -> Buffer:
+        """Rebuild a buffer from fds the keeper kept. Takes ownership of `fds`."""
+
+    @abc.abstractmethod
+    def read(self, buf: Buffer, offset: int, length: int) -> bytes: ...
+
+    @abc.abstractmethod
+    def write(self, buf: Buffer, offset: int, data) -> None: ...
+
+    def close(self) -> None:
+        """Release backend-wide resources at daemon stop."""

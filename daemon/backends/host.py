@@ -1,0 +1,113 @@
+"""The host backend: each allocation is a memfd, mapped for the daemon's own I/O.
+
+It has the cuda backend's interface and crash semantics (fd passing, keeper-held fds), so
+everything above the backend is developed and tested on machines without a GPU. Capacity is
+rounded to 2 MiB, the VMM granularity of an H100. The backend hands out at most `limit` bytes
+(by default half of physical memory): memfd pages are allocated lazily, so without this limit
+an over-large request would "succeed" and fail later, at first touch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import uuid
+
+from gpumemctl.protocol import InvalidState, round_up
+
+from .base import Backend, Buffer, DeviceInfo
+
+GRANULARITY = 2 << 20
+
+
+@dataclasses.dataclass(eq=False)
+class HostBuffer(Buffer):
+    fd: int
+    capacity: int
+    device: str
+    _map: mmap.mmap | None = None
+
+    def mapping(self) -> mmap.mmap:
+        if self._map is None:
+            self._map = mmap.mmap(self.fd, self.capacity, mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+        return self._map
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def host_uuid() -> str:
+    """A stable id for this machine's host 'device', in the style of a GPU UUID."""
+    try:
+        with open("/etc/machine-id") as f:
+            raw = f.read().strip()
+        return "HOST-" + str(uuid.UUID(raw))
+    except (OSError, ValueError):
+        return "HOST-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, os.uname().nodename))
+
+
+class HostBackend(Backend):
+    name = "host"
+
+    def __init__(self, limit: int | None = None):
+        self.limit = round_up(limit, GRANULARITY) if limit else \
+            (physical_memory() // 2) // GRANULARITY * GRANULARITY
+        self.uuid = host_uuid()
+        self.used = 0
+
+    def devices(self) -> list[DeviceInfo]:
+        return [DeviceInfo(index=0, uuid=self.uuid, name="host memory (memfd)",
+                           total=self.limit, free=max(0, self.limit - self.used),
+                           granularity=GRANULARITY)]
+
+    def allocate(self, capacity: int, device: str, label: str) -> HostBuffer:
+        dev = self.device(device)
+        self.check_free(dev, capacity)
+        fd = os.memfd_create(f"gpumem:{label}"[:249], os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, capacity)
+        except OSError:
+            os.close(fd)
+            raise
+        self.used += capacity
+        return HostBuffer(fd=fd, capacity=capacity, device=dev.uuid)
+
+    def free(self, buf: HostBuffer) -> None:
+        if buf._map is not None:
+            buf._map.close()
+            buf._map = None
+        if buf.fd >= 0:
+            os.close(buf.fd)
+            buf.fd = -1
+            self.used -= buf.capacity
+
+    def export(self, buf: HostBuffer, writable: bool) -> int:
+        # Reopening through /proc gives a new open file description with its own access mode,
+        # so a read-only client really cannot map the memory writable (mmap fails EACCES).
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
+        return os.open(f"/proc/self/fd/{buf.fd}", flags)
+
+    def keeper_fds(self, buf: HostBuffer) -> list[int]:
+        return [os.dup(buf.fd)]
+
+    def adopt(self, fds: list[int], capacity: int, device: str) -> HostBuffer:
+        fd, extra = fds[0], fds[1:]
+        for other in extra:
+            os.close(other)
+        actual = os.fstat(fd).st_size
+        if actual != capacity:
+            os.close(fd)
+            raise InvalidState(f"kept memory has {actual} bytes, the registry says {capacity}")
+        if device != self.uuid:
+            os.close(fd)
+            raise InvalidState(f"kept memory belongs to device {device}, not {self.uuid}")
+        self.used += capacity
+        return HostBuffer(fd=fd, capacity=capacity, device=device)
+
+    def read(self, buf: HostBuffer, offset: int, length: int) -> bytes:
+        return buf.mapping()[offset:offset + length]
+
+    def write(self, buf: HostBuffer, offset: int, data) -> None:
+        buf.mapping()[offset:offset + len(data)] = data

@@ -1,0 +1,141 @@
+"""`check`: an fsck for gpumemd. Registry <-> in-memory tree <-> backend <-> keeper.
+
+One small `check_*` method per invariant. While the daemon runs, the in-memory tree is the
+truth (it holds the actual memory), so repairs bring the registry and the keeper in line with
+it. Each problem is reported whether or not it was repaired.
+"""
+from __future__ import annotations
+
+import contextlib
+
+from .keeper_link import KeeperGone
+from .nodes import Allocation, Directory
+
+# Registry columns compared with the in-memory node; (column, attribute, to-db conversion).
+_FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),
+           ("mode", "mode", None), ("size", "size", None), ("capacity", "capacity", None),
+           ("device", "device", None), ("durable", "durable", int), ("state", "state", None),
+           ("ecc", "ecc", None)]
+
+
+class Checker:
+    def __init__(self, manager):
+        self.m = manager
+        self.problems: list[dict] = []
+        self.repair = False
+
+    def run(self, *, repair: bool = False) -> dict:
+        self.repair = repair
+        checks = [name for name in dir(self) if name.startswith("check_")]
+        for name in checks:
+            getattr(self, name)()
+        return {"clean": not self.problems, "checks": [c[6:] for c in checks],
+                "problems": self.problems, "repaired": repair}
+
+    def _problem(self, check: str, message: str, fix=None) -> None:
+        repaired = False
+        if self.repair and fix is not None:
+            fix()
+            repaired = True
+        self.problems.append({"check": check, "message": message, "repaired": repaired})
+
+    # ---- invariants -------------------------------------------------------------------
+    def check_registry_integrity(self) -> None:
+        for line in self.m.registry.integrity_errors():
+            self._problem("registry_integrity", f"SQLite integrity: {line}")
+
+    def check_registry_rows_match_tree(self) -> None:
+        rows = {r["id"]: r for r in self.m.registry.load_nodes()}
+        reg = self.m.registry
+        for node_id, node in self.m.nodes.items():
+            row = rows.pop(node_id, None)
+            if row is None:
+                self._problem("registry_rows", f"'{node.path}' (id {node_id}) has no registry "
+                              "row", lambda n=node: self._rewrite_row(n, insert=True))
+                continue
+            parent_id = node.parent.id if node.parent else None
+            diffs = [col for col, attr, conv in _FIELDS
+                     if hasattr(node, attr) and row[col] != (conv(getattr(node, attr))
+                                                            if conv else getattr(node, attr))]
+            if row["parent"] != parent_id:
+                diffs.append("parent")
+            if diffs:
+                self._problem("registry_rows", f"'{node.path}' (id {node_id}): registry "
+                              f"differs in {', '.join(diffs)}",
+                              lambda n=node: self._rewrite_row(n))
+        for node_id, row in rows.items():
+            self._problem("registry_rows", f"registry row {node_id} ('{row['name']}') "
+                          "names nothing the daemon holds",
+                          lambda i=node_id: reg.delete_node(i))
+
+    def _rewrite_row(self, node, insert: bool = False) -> None:
+        fields = {col: (conv(getattr(node, attr)) if conv else getattr(node, attr))
+                  for col, attr, conv in _FIELDS if hasattr(node, attr)}
+        fields["parent"] = node.parent.id if node.parent else None
+        with self.m.registry.transaction(durable=True):
+            if insert:
+                self.m.registry.db.execute(
+                    "INSERT INTO nodes (id, kind, created_ns, modified_ns, changed_ns, name,"
+                    " uid, gid, mode) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (node.id, "dir" if isinstance(node, Directory) else "alloc",
+                     node.created_ns, node.modified_ns, node.changed_ns, node.name, node.uid,
+                     node.gid, node.mode))
+            self.m.registry.update_node(node.id, **fields)
+
+    def check_backend_memory(self) -> None:
+        for alloc in self.m.allocations():
+            has_memory = alloc.state in ("ready", "degraded", "recovering")
+            if has_memory and alloc.buffer is None:
+                self._problem("backend_memory", f"'{alloc.path}' is {alloc.state} but holds "
+                              "no memory")
+            elif alloc.buffer is not None and alloc.buffer.capacity != alloc.capacity:
+                self._problem("backend_memory", f"'{alloc.path}': backend holds "
+                              f"{alloc.buffer.capacity} bytes, registry says {alloc.capacity}")
+            if alloc.size is not None and alloc.capacity is not None and \
+                    alloc.size > alloc.capacity:
+                self._problem("backend_memory", f"'{alloc.path}': size {alloc.size} exceeds "
+                              f"capacity {alloc.capacity}")
+
+    def check_keeper_holds_durable(self) -> None:
+        try:
+            kept = set(self.m.keeper.keys())
+        except KeeperGone as exc:
+            self._problem("keeper", f"keeper unreachable: {exc}")
+            return
+        wanted = {a.id: a for a in self.m.allocations()
+                  if a.durable and a.buffer is not None}
+        for key in sorted(set(wanted) - kept):
+            self._problem("keeper", f"durable '{wanted[key].path}' (id {key}) is not held by "
+                          "the keeper: a daemon crash now would lose it",
+                          lambda a=wanted[key]: self.m._deposit(a))
+        for key in sorted(kept - set(wanted)):
+            self._problem("keeper", f"the keeper holds memory under id {key}, which is no "
+                          "durable allocation", lambda k=key: self._withdraw(k))
+
+    def _withdraw(self, key: int) -> None:
+        with contextlib.suppress(KeeperGone):
+            self.m.keeper.withdraw(key)
+
+    def check_holders_table(self) -> None:
+        rows = {r["id"]: r for r in self.m.registry.load_holders()}
+        live = {h.id: h for a in self.m.allocations() for h in a.holders.values()}
+        if set(rows) != set(live):
+            self._problem("holders", f"holders table lists {sorted(rows)}, the daemon has "
+                          f"{sorted(live)}", self._rewrite_holders)
+
+    def _rewrite_holders(self) -> None:
+        with self.m.registry.transaction(durable=False):
+            self.m.registry.clear_holders()
+            for alloc in self.m.allocations():
+                for h in alloc.holders.values():
+                    self.m.registry.add_holder(h.id, alloc.id, h.session.id, h.kind, h.pid,
+                                               h.uid, h.since_ns)
+
+    def check_tree_shape(self) -> None:
+        for node in self.m.nodes.values():
+            if node.parent is None and node is not self.m.root:
+                self._problem("tree", f"node {node.id} ('{node.name}') has no parent")
+            elif node.parent is not None and node.parent.children.get(node.name) is not node:
+                self._problem("tree", f"'{node.path}' is not listed in its directory")
+            if isinstance(node, Allocation) and node.unlinked:
+                self._problem("tree", f"'{node.path}' is unlinked but still named")

@@ -1,0 +1,33 @@
+"""How nodes are shown to clients: the JSON objects of `ls --json` and `info --json`.
+
+These dicts are the public API for scripts (docs/protocol.md lists their fields).
+"""
+from __future__ import annotations
+
+import datetime
+
+from .nodes import Allocation, Node
+
+
+def iso(ns: int) -> str:
+    dt = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def describe(node: Node, *, holders: bool = False) -> dict:
+    common = {
+        "id": node.id, "path": node.path, "name": node.name, "uid": node.uid,
+        "gid": node.gid, "mode": f"{node.mode:04o}", "created": iso(node.created_ns),
+        "modified": iso(node.modified_ns), "changed": iso(node.changed_ns),
+    }
+    if not isinstance(node, Allocation):
+        return {"type": "directory", **common, "entries": len(node.children)}
+    info = {
+        "type": "allocation", **common, "size": node.size, "capacity": node.capacity,
+        "device": node.device, "durable": node.durable, "state": node.state,
+        "ecc": node.ecc, "parity_generation": node.parity_gen, "checksum": node.checksum,
+        "refcount": node.refcount, "leased": node.leased,
+    }
+    if holders:
+        info["holders"] = [h.to_dict() for h in node.holders.values()]
+    return info

@@ -1,0 +1,212 @@
+"""How the daemon hands durable fds to a keeper and takes them back after a restart.
+
+Two implementations of one small interface:
+- `ProcessKeeper`: the keeper process of daemon/keeper.py, started detached on demand;
+- `SystemdFdStore`: systemd's file descriptor store, used when $NOTIFY_SOCKET is set.
+Keys are allocation ids (registry row ids, never reused).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+from gpumemctl.protocol import framing
+
+from . import systemd
+
+
+class KeeperGone(Exception):
+    """The keeper died or cannot be reached."""
+
+
+class ProcessKeeper:
+    kind = "process"
+
+    def __init__(self, state_dir: str):
+        self.path = os.path.join(state_dir, "keeper.sock")
+        self.pidfile = os.path.join(state_dir, "keeper.pid")
+        self.logfile = os.path.join(state_dir, "keeper.log")
+        self.sock: socket.socket | None = None
+        self.pid: int | None = None
+        self._next_id = 0
+
+    # ---- connection -------------------------------------------------------------------
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(30)
+        sock.connect(self.path)
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            sock.close()
+            raise KeeperGone(f"{self.path} is served by uid {uid}, not ours")
+        self.pid = pid
+        return sock
+
+    def ensure_running(self) -> bool:
+        """Connect to the keeper, starting one if none answers. True when one was started."""
+        self.close()
+        try:
+            self.sock = self._connect()
+            return False
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass
+        self._spawn()
+        self.sock = self._connect()
+        # SO_PEERCRED names the process that called listen(), which forked and exited.
+        self.pid = self._call("hello")["pid"]
+        return True
+
+    def _spawn(self) -> None:
+        with open(self.logfile, "ab") as log:
+            proc = subprocess.run(
+                [sys.executable, "-m", "daemon.keeper", "--socket", self.path,
+                 "--pidfile", self.pidfile, "--detach"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                close_fds=True, timeout=30, cwd="/", env=self._keeper_env())
+        if proc.returncode != 0:
+            raise KeeperGone(f"the keeper failed to start (exit {proc.returncode}); "
+                             f"see {self.logfile}")
+
+    @staticmethod
+    def _keeper_env() -> dict:
+        env = dict(os.environ)
+        # The keeper must import our package from wherever the daemon did.
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"]
+                                    if env.get("PYTHONPATH") else "")
+        for var in ("NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+            env.pop(var, None)
+        return env
+
+    def _call(self, op: str, fds: list[int] = (), **args) -> dict:
+        if self.sock is None:
+            raise KeeperGone("not connected to the keeper")
+        self._next_id += 1
+        try:
+            framing.send_frame(self.sock, {"id": self._next_id, "op": op, **args}, fds)
+            reply, extra = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
+        except (OSError, EOFError) as exc:
+            self.sock.close()
+            self.sock = None
+            raise KeeperGone(f"lost the keeper: {exc}") from None
+        framing.close_fds(extra)
+        if not reply.get("ok"):
+            raise KeeperGone(f"keeper refused {op}: {reply.get('error')}")
+        return reply["result"]
+
+    # ---- the interface ----------------------------------------------------------------
+    def deposit(self, key: int, fds: list[int], meta: dict) -> None:
+        self._call("deposit", fds, key=str(key), meta=meta)
+
+    def withdraw(self, key: int) -> None:
+        self._call("withdraw", key=str(key))
+
+    def fetch_all(self) -> dict[int, list[int]]:
+        """Every kept fd, by key (the keeper keeps its own copies)."""
+        self._next_id += 1
+        kept: dict[int, list[int]] = {}
+        try:
+            framing.send_frame(self.sock, {"id": self._next_id, "op": "fetch"})
+            while True:
+                reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
+                if "key" not in reply:
+                    return kept
+                kept[int(reply["key"])] = fds
+        except (OSError, EOFError) as exc:
+            for fds in kept.values():
+                framing.close_fds(fds)
+            raise KeeperGone(f"lost the keeper while fetching: {exc}") from None
+
+    def keys(self) -> list[int]:
+        return [int(k["key"]) for k in self._call("list")["keys"]]
+
+    def info(self) -> dict:
+        try:
+            hello = self._call("hello")
+        except KeeperGone as exc:
+            return {"kind": self.kind, "alive": False, "error": str(exc)}
+        return {"kind": self.kind, "alive": True, "pid": hello["pid"],
+                "held": hello["held"], "fds": hello["fds"], "socket": self.path}
+
+    def watch_socket(self) -> socket.socket:
+        """A connection whose EOF tells that the keeper died."""
+        sock = self._connect()
+        framing.send_frame(sock, {"id": 0, "op": "watch"})
+        return sock
+
+    def shutdown(self) -> None:
+        self._call("shutdown")
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+class SystemdFdStore:
+    """systemd's fd store (FileDescriptorStoreMax= in the unit). The service manager keeps
+    the fds across restarts of gpumemd and passes them back with LISTEN_FDS."""
+    kind = "systemd"
+
+    def __init__(self):
+        self.held: dict[int, int] = {}   # key -> number of fds stored
+        self._passed: dict[str, list[int]] = systemd.listen_fds()
+
+    @staticmethod
+    def _name(key: int, index: int) -> str:
+        return f"a{key}.{index}"
+
+    def ensure_running(self) -> bool:
+        return False
+
+    def deposit(self, key: int, fds: list[int], meta: dict) -> None:
+        self.withdraw(key)
+        for i, fd in enumerate(fds):
+            systemd.notify(f"FDSTORE=1\nFDNAME={self._name(key, i)}", [fd])
+        self.held[key] = len(fds)
+
+    def withdraw(self, key: int) -> None:
+        for i in range(self.held.pop(key, 0)):
+            systemd.notify(f"FDSTOREREMOVE=1\nFDNAME={self._name(key, i)}")
+
+    def fetch_all(self) -> dict[int, list[int]]:
+        kept: dict[int, list[tuple[int, int]]] = {}
+        for name, fds in self._passed.items():
+            try:
+                key_text, index_text = name[1:].split(".")
+                key, index = int(key_text), int(index_text)
+            except ValueError:
+                framing.close_fds(fds)
+                continue
+            kept.setdefault(key, []).append((index, fds[0]))
+            framing.close_fds(fds[1:])
+        self._passed = {}
+        result = {key: [fd for _, fd in sorted(pairs)] for key, pairs in kept.items()}
+        self.held = {key: len(fds) for key, fds in result.items()}
+        return result
+
+    def keys(self) -> list[int]:
+        return list(self.held)
+
+    def info(self) -> dict:
+        return {"kind": self.kind, "alive": True, "pid": None, "held": len(self.held),
+                "fds": sum(self.held.values()), "socket": systemd.notify_socket()}
+
+    def watch_socket(self):
+        return None
+
+    def shutdown(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def open_keeper(state_dir: str):
+    if systemd.notify_socket():
+        return SystemdFdStore()
+    return ProcessKeeper(state_dir)

@@ -1,0 +1,168 @@
+"""gpumemd: start-up, the trio main loop, signals and keeper supervision.
+
+Runs in the foreground and logs to stderr (systemd Type=notify: READY=1 once the socket
+serves, STOPPING=1 on the way out). SIGTERM/SIGINT stop it cleanly: the socket goes, transient
+memory is freed, durable memory stays with the keeper for the next start.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+
+import trio
+
+from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_state_dir
+from gpumemctl.protocol.sizes import parse_size
+
+from . import systemd
+from .backends import open_backend
+from .keeper_link import KeeperGone, open_keeper
+from .manager import AllocationManager
+from .registry import Registry
+from .server import VERSION, Server
+
+log = logging.getLogger("gpumemd")
+
+
+class StartupError(Exception):
+    """A reason not to start, shown as one line (exit 1, or 2 for usage)."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="gpumemd", description="Durable GPU memory daemon.")
+    p.add_argument("--backend", choices=("auto", "cuda", "host"), default="auto",
+                   help="memory backend (auto: cuda where usable, else host)")
+    p.add_argument("--socket", default=None, help=f"Unix socket (default {default_socket()})")
+    p.add_argument("--state-dir", default=None,
+                   help=f"registry and keeper socket (default {default_state_dir()})")
+    p.add_argument("--host-capacity", default=None, metavar="SIZE",
+                   help="bytes the host backend may hand out (default: half of RAM)")
+    p.add_argument("--log-level", default="info",
+                   choices=("debug", "info", "warning", "error"))
+    p.add_argument("--version", action="version", version=f"gpumemd {VERSION}")
+    return p.parse_args(argv)
+
+
+def lock_state_dir(state_dir: str) -> int:
+    """One daemon per state directory: an exclusive flock held for the daemon's life."""
+    fd = os.open(os.path.join(state_dir, "gpumemd.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise StartupError(f"another gpumemd is running with state directory {state_dir}")
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def claim_socket(path: str) -> None:
+    """Refuse if a live daemon serves `path`; remove a stale socket file left by a crash."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)
+        log.info("removed the stale socket %s", path)
+        return
+    finally:
+        probe.close()
+    raise StartupError(f"another gpumemd is serving {path}")
+
+
+async def supervise_keeper(manager: AllocationManager) -> None:
+    """Watch the keeper; if it dies, start a new one and hand it every durable fd again."""
+    while True:
+        raw = manager.keeper.watch_socket()
+        if raw is None:                  # systemd's fd store needs no watching
+            return
+        watch = trio.socket.from_stdlib_socket(raw)
+        with watch:
+            while await watch.recv(4096):
+                pass
+        log.warning("the keeper died; starting a new one and re-depositing durable memory")
+        await trio.sleep(0.05)
+        try:
+            manager.keeper.ensure_running()
+            count = manager.redeposit_all()
+            log.info("keeper restarted (pid %s); %d durable allocations re-deposited",
+                     manager.keeper.pid, count)
+        except (KeeperGone, GpumemError, OSError) as exc:
+            log.error("cannot restart the keeper: %s; retrying in 1 s", exc)
+            await trio.sleep(1)
+
+
+async def run_daemon(manager: AllocationManager, server: Server) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve)
+            nursery.start_soon(supervise_keeper, manager)
+            systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
+            log.info("gpumemd %s serving %s (backend %s, pid %d)", VERSION,
+                     server.socket_path, manager.backend.name, os.getpid())
+            async for signum in signals:
+                log.info("received %s; stopping", signal.Signals(signum).name)
+                systemd.notify("STOPPING=1")
+                nursery.cancel_scope.cancel()
+                break
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s gpumemd[%(process)d] %(levelname)s: %(message)s")
+    try:
+        return _main(args)
+    except (StartupError, GpumemError) as exc:
+        print(f"gpumemd: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, UsageError) else 1
+
+
+def _main(args) -> int:
+    state_dir = os.path.abspath(args.state_dir or default_state_dir())
+    socket_path = os.path.abspath(args.socket or default_socket())
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    lock_fd = lock_state_dir(state_dir)
+    claim_socket(socket_path)
+    if args.backend == "cuda":
+        raise StartupError("the cuda backend is not built yet; use --backend host")
+    limit = parse_size(args.host_capacity) if args.host_capacity else None
+    backend = open_backend(args.backend, limit=limit)
+    log.info("backend %s chosen (%s)", backend.name,
+             "requested" if args.backend != "auto" else "auto: no usable CUDA device")
+    registry = Registry(os.path.join(state_dir, "registry.sqlite"))
+    keeper = open_keeper(state_dir)
+    manager = AllocationManager(registry, backend, keeper)
+    summary = manager.start()
+    log.info("registry loaded: %(adopted)d adopted, %(lost)d lost, %(orphans_freed)d orphans "
+             "freed, %(transients_dropped)d stale transients dropped", summary)
+    server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
+                                           "keeper_kind": keeper.kind})
+    try:
+        trio.run(run_daemon, manager, server)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
+        manager.shutdown()
+        registry.close()
+        backend.close()
+        os.close(lock_fd)
+        log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

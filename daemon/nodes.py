@@ -1,0 +1,92 @@
+"""The in-memory namespace: directories and allocations as a tree of nodes.
+
+The AllocationManager owns these objects and is the only code that changes them; the registry
+holds their durable copy. A node's `id` is its registry row id and its inode number.
+"""
+from __future__ import annotations
+
+import dataclasses
+import stat
+from typing import Any
+
+STATES = ("pending", "ready", "degraded", "lost", "recovering")
+
+
+@dataclasses.dataclass(eq=False)
+class Holder:
+    """Something keeping an allocation alive: a lease, an open read or write handle."""
+    id: int
+    kind: str            # 'lease' | 'read' | 'write'
+    session: Any         # the daemon.sessions.Session it belongs to
+    alloc: "Allocation"
+    pid: int
+    uid: int
+    since_ns: int
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "kind": self.kind, "pid": self.pid, "uid": self.uid,
+                "session": self.session.id, "since_ns": self.since_ns}
+
+
+@dataclasses.dataclass(eq=False)
+class Node:
+    id: int
+    name: str
+    parent: "Directory | None"
+    uid: int
+    gid: int
+    mode: int            # permission bits only
+    created_ns: int
+    modified_ns: int
+    changed_ns: int
+
+    @property
+    def path(self) -> str:
+        parts = []
+        node: Node | None = self
+        while node is not None and node.parent is not None:
+            parts.append(node.name)
+            node = node.parent
+        return "/".join(reversed(parts))
+
+    @property
+    def is_dir(self) -> bool:
+        return isinstance(self, Directory)
+
+
+@dataclasses.dataclass(eq=False)
+class Directory(Node):
+    children: dict[str, Node] = dataclasses.field(default_factory=dict)
+
+    @property
+    def st_mode(self) -> int:
+        return stat.S_IFDIR | self.mode
+
+
+@dataclasses.dataclass(eq=False)
+class Allocation(Node):
+    size: int | None = None          # None while pending
+    capacity: int | None = None
+    device: str | None = None        # device UUID
+    durable: bool = False
+    state: str = "pending"
+    ecc: str = "rs"
+    parity_gen: int = 0
+    checksum: str | None = None
+    buffer: Any = None               # the backend's buffer; None while pending or lost
+    holders: dict[int, Holder] = dataclasses.field(default_factory=dict)
+    unlinked: bool = False           # removed from the namespace, freed with its last holder
+    leased: bool = False             # transient made with a session lease: freed with its
+                                     # last holder
+
+    @property
+    def st_mode(self) -> int:
+        return stat.S_IFREG | self.mode
+
+    def holders_of(self, *kinds: str) -> list[Holder]:
+        return [h for h in self.holders.values() if h.kind in kinds]
+
+    @property
+    def refcount(self) -> int:
+        """Holders plus the durable pin (DESIGN.md, "Holders / refcount")."""
+        return len(self.holders) + (1 if self.durable else 0)

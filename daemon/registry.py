@@ -1,0 +1,241 @@
+"""The durable registry: SQLite in the state directory.
+
+WAL journal. Changes to durable allocations commit with synchronous=FULL (fsync of the WAL
+before COMMIT returns). Changes that only concern transient state (transient allocations,
+holders) commit with synchronous=NORMAL: in WAL mode that is still atomic and consistent after
+a crash, it just may lose the newest such commits, and transient state never outlives the daemon
+anyway, so the next start drops it. That keeps a transient create off the fsync path.
+
+All SQL of the daemon lives here; the AllocationManager calls these methods inside
+`transaction()`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+
+SCHEMA_VERSION = 1
+ROOT_ID = 1
+
+
+def create_tables(db: sqlite3.Connection) -> None:
+    """Schema version 1. Every column's meaning and sentinels are stated here."""
+    execute_script(db, """
+    CREATE TABLE meta (
+        key   TEXT PRIMARY KEY,  -- 'created_ns', 'instance' (a random id of this registry)
+        value TEXT NOT NULL
+    );
+    CREATE TABLE nodes (
+        -- Directories and allocations share one table: the namespace is a tree, as in a
+        -- filesystem, so a rename moves one row and the id doubles as the inode number.
+        id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: keeper keys use it
+        parent      INTEGER REFERENCES nodes(id),       -- NULL only for the root (id 1)
+        name        TEXT NOT NULL,   -- one path component; '' for the root
+        kind        TEXT NOT NULL CHECK (kind IN ('dir', 'alloc')),
+        uid         INTEGER NOT NULL,  -- owner
+        gid         INTEGER NOT NULL,  -- group
+        mode        INTEGER NOT NULL,  -- permission bits only (07777), no file type bits
+        created_ns  INTEGER NOT NULL,  -- wall clock, ns since the epoch
+        modified_ns INTEGER NOT NULL,  -- last change of the data (or of the entries, for dirs)
+        changed_ns  INTEGER NOT NULL,  -- last change of the metadata
+        -- The columns below are NULL for directories.
+        size        INTEGER,  -- bytes the user asked for; NULL while 'pending'
+        capacity    INTEGER,  -- bytes held on the device (size rounded up to the device's
+                              -- granularity); NULL while 'pending'
+        device      TEXT,     -- UUID of the device holding it (host backend: 'HOST-...')
+        durable     INTEGER,  -- 1 durable (survives daemon restarts), 0 transient
+        state       TEXT CHECK (state IN ('pending', 'ready', 'degraded', 'lost',
+                                          'recovering')),
+        ecc         TEXT CHECK (ecc IN ('rs', 'none')),  -- requested protection
+        parity_gen  INTEGER,  -- generation of the parity; 0 = parity never computed
+        checksum    TEXT,     -- checksum recorded at the last seal; NULL = none recorded
+        UNIQUE (parent, name)
+    );
+    CREATE TABLE holders (
+        -- Who holds an allocation now. Sessions die with the daemon, so the daemon empties
+        -- this table at start; while it runs, it lets `check` and a post-mortem see holders.
+        id        INTEGER PRIMARY KEY,  -- holder id, unique within one daemon run
+        node      INTEGER NOT NULL,     -- nodes.id
+        session   INTEGER NOT NULL,     -- connection id within the daemon run
+        kind      TEXT NOT NULL,        -- 'lease', 'read', 'write'
+        pid       INTEGER NOT NULL,     -- peer pid (SO_PEERCRED)
+        uid       INTEGER NOT NULL,     -- peer uid
+        since_ns  INTEGER NOT NULL
+    );
+    CREATE TABLE events (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,  -- monotonic; `events --since ID`
+        time_ns  INTEGER NOT NULL,
+        kind     TEXT NOT NULL,    -- 'create', 'remove', 'durable', 'lost', 'adopt', ...
+        node     INTEGER,          -- nodes.id, NULL for daemon-wide events
+        path     TEXT,             -- path at the time of the event
+        uid      INTEGER,          -- who caused it; NULL for the daemon itself
+        pid      INTEGER,
+        detail   TEXT NOT NULL     -- JSON object with kind-specific fields
+    );
+    CREATE INDEX events_node ON events (node);
+    """)
+
+
+def execute_script(db: sqlite3.Connection, script: str) -> None:
+    """Run statements one by one: executescript() would COMMIT the caller's transaction."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            db.execute(statement)
+            statement = ""
+
+
+# Migrations from version N to N+1: MIGRATIONS[N](db). Version 0 is an empty database.
+MIGRATIONS = {0: create_tables}
+
+NODE_COLUMNS = ("id", "parent", "name", "kind", "uid", "gid", "mode", "created_ns",
+                "modified_ns", "changed_ns", "size", "capacity", "device", "durable",
+                "state", "ecc", "parity_gen", "checksum")
+MAX_EVENTS = 100_000  # the event log is pruned to this many rows
+
+
+class Registry:
+    def __init__(self, path: str):
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self._in_txn = False
+        self._sync = "FULL"
+        self.migrate()
+
+    # ---- schema ---------------------------------------------------------------------
+    def version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    def migrate(self) -> None:
+        version = self.version()
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"registry {self.path} has schema version {version}, newer than "
+                               f"this gpumemd ({SCHEMA_VERSION}); upgrade gpumemd")
+        while version < SCHEMA_VERSION:
+            with self.transaction(durable=True):
+                MIGRATIONS[version](self.db)
+                if version == 0:
+                    self._init_root()
+                version += 1
+                self.db.execute(f"PRAGMA user_version={version}")
+
+    def _init_root(self) -> None:
+        import os
+        now = time.time_ns()
+        # The root is like /tmp: anyone may create, only owners may remove (sticky bit).
+        self.db.execute(
+            "INSERT INTO nodes (id, parent, name, kind, uid, gid, mode, created_ns,"
+            " modified_ns, changed_ns) VALUES (?, NULL, '', 'dir', ?, ?, ?, ?, ?, ?)",
+            (ROOT_ID, os.geteuid(), os.getegid(), 0o1777, now, now, now))
+        self.db.execute("INSERT INTO meta VALUES ('created_ns', ?)", (str(now),))
+        self.db.execute("INSERT INTO meta VALUES ('instance', ?)", (os.urandom(8).hex(),))
+
+    # ---- transactions -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self, *, durable: bool):
+        """One atomic change. `durable` chooses fsync at commit (see the module docstring).
+
+        Nested use joins the outer transaction; a durable inner part upgrades the commit.
+        """
+        if self._in_txn:
+            if durable:
+                self._set_sync("FULL")
+            yield self.db
+            return
+        self._set_sync("FULL" if durable else "NORMAL")
+        self.db.execute("BEGIN IMMEDIATE")
+        self._in_txn = True
+        try:
+            yield self.db
+        except BaseException:
+            self._in_txn = False
+            self.db.execute("ROLLBACK")
+            raise
+        self._in_txn = False
+        self.db.execute("COMMIT")
+
+    def _set_sync(self, level: str) -> None:
+        if level != self._sync:
+            # Changing synchronous inside a transaction is allowed and applies to its commit.
+            self.db.execute(f"PRAGMA synchronous={level}")
+            self._sync = level
+
+    # ---- nodes ------------------------------------------------------------------------
+    def load_nodes(self) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM nodes ORDER BY id").fetchall()
+
+    def insert_node(self, **fields) -> int:
+        cols = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        cur = self.db.execute(f"INSERT INTO nodes ({cols}) VALUES ({marks})",
+                              tuple(fields.values()))
+        return cur.lastrowid
+
+    def update_node(self, node_id: int, **fields) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self.db.execute(f"UPDATE nodes SET {sets} WHERE id = ?", (*fields.values(), node_id))
+
+    def delete_node(self, node_id: int) -> None:
+        self.db.execute("DELETE FROM holders WHERE node = ?", (node_id,))
+        self.db.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
+
+    def meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    # ---- holders ----------------------------------------------------------------------
+    def add_holder(self, holder_id: int, node_id: int, session: int, kind: str, pid: int,
+                   uid: int, since_ns: int) -> None:
+        self.db.execute("INSERT INTO holders VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (holder_id, node_id, session, kind, pid, uid, since_ns))
+
+    def remove_holder(self, holder_id: int) -> None:
+        self.db.execute("DELETE FROM holders WHERE id = ?", (holder_id,))
+
+    def clear_holders(self) -> None:
+        self.db.execute("DELETE FROM holders")
+
+    def load_holders(self) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM holders ORDER BY id").fetchall()
+
+    # ---- events -----------------------------------------------------------------------
+    def add_event(self, kind: str, node: int | None, path: str | None, uid: int | None,
+                  pid: int | None, detail: dict, time_ns: int) -> int:
+        cur = self.db.execute(
+            "INSERT INTO events (time_ns, kind, node, path, uid, pid, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (time_ns, kind, node, path, uid, pid, json.dumps(detail, sort_keys=True)))
+        if cur.lastrowid % 1000 == 0:
+            self.db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - MAX_EVENTS,))
+        return cur.lastrowid
+
+    def events(self, since: int = 0, limit: int = 100, path: str | None = None) -> list[dict]:
+        where, args = "id > ?", [since]
+        if path:
+            prefix = path + "/"
+            where += " AND (path = ? OR substr(path, 1, ?) = ?)"
+            args += [path, len(prefix), prefix]
+        rows = self.db.execute(
+            f"SELECT * FROM (SELECT * FROM events WHERE {where} ORDER BY id DESC LIMIT ?)"
+            " ORDER BY id", (*args, limit)).fetchall()
+        return [event_row_to_dict(r) for r in rows]
+
+    def integrity_errors(self) -> list[str]:
+        rows = self.db.execute("PRAGMA integrity_check").fetchall()
+        return [r[0] for r in rows if r[0] != "ok"]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def event_row_to_dict(row) -> dict:
+    return {"id": row["id"], "time_ns": row["time_ns"], "kind": row["kind"],
+            "node": row["node"], "path": row["path"], "uid": row["uid"], "pid": row["pid"],
+            "detail": json.loads(row["detail"])}

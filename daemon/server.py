@@ -1,0 +1,254 @@
+"""The socket server: a thin adapter from framed requests to the AllocationManager.
+
+One trio task per connection. The first frame must be `hello` with our protocol version.
+Each later frame is a request {id, op, args}; the answer is {id, ok: true, result} or
+{id, ok: false, error: {code, name, message, details}}. A framing error (bad magic, oversized
+frame, too many fds, truncated frame) is answered once and the connection is closed; the daemon
+itself is unharmed. Every request is authorised by the manager from the peer's SO_PEERCRED.
+See docs/protocol.md.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import time
+
+import trio
+
+from gpumemctl.protocol import (PROTOCOL_VERSION, GpumemError, InternalError, ProtocolError,
+                                UsageError, framing)
+
+from .check import Checker
+from .manager import AllocationManager
+from .permissions import Credentials, supplementary_groups
+from .sessions import Session
+
+log = logging.getLogger("gpumemd")
+VERSION = "0.1.0"
+EVENT_QUEUE = 1024
+
+
+def peer_credentials(sock) -> Credentials:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Credentials(pid=pid, uid=uid, gid=gid, groups=supplementary_groups(pid))
+
+
+def _bool(args: dict, key: str, default: bool = False) -> bool:
+    value = args.get(key, default)
+    if not isinstance(value, bool):
+        raise UsageError(f"argument {key!r} must be true or false, not {value!r}")
+    return value
+
+
+def _str(args: dict, key: str, default: str | None = None) -> str:
+    value = args.get(key, default)
+    if not isinstance(value, str):
+        raise UsageError(f"argument {key!r} must be a string, not {value!r}")
+    return value
+
+
+def _int(args: dict, key: str, default: int | None = None) -> int:
+    value = args.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UsageError(f"argument {key!r} must be an integer, not {value!r}")
+    return value
+
+
+class Server:
+    def __init__(self, manager: AllocationManager, socket_path: str, info: dict):
+        self.manager = manager
+        self.socket_path = socket_path
+        self.info = info              # daemon facts for hello/status
+        self.started = time.time()
+
+    # ---- listening --------------------------------------------------------------------
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await listener.bind(self.socket_path)
+        # Anyone may connect; each request is authorised by its peer credentials.
+        os.chmod(self.socket_path, 0o666)
+        listener.listen(128)
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                conn, _ = await listener.accept()
+                nursery.start_soon(self._connection, conn)
+
+    async def _connection(self, conn) -> None:
+        session: Session | None = None
+        try:
+            cred = peer_credentials(conn)
+            session = await self._handshake(conn, cred)
+            while True:
+                msg, fds = await framing.arecv_frame(conn, framing.MAX_REQUEST_BYTES)
+                if not await self._request(conn, session, msg, fds):
+                    break
+        except ProtocolError as exc:
+            log.warning("closing a connection: %s", exc)
+            await self._try_send(conn, {"id": None, "ok": False, "error": exc.to_wire()})
+        except (EOFError, ConnectionError, trio.BrokenResourceError, OSError):
+            pass
+        finally:
+            if session is not None:
+                self.manager.close_session(session)
+            conn.close()
+
+    async def _handshake(self, conn, cred: Credentials) -> Session:
+        msg, fds = await framing.arecv_frame(conn, framing.MAX_REQUEST_BYTES)
+        framing.close_fds(fds)
+        if msg.get("op") != "hello":
+            raise ProtocolError("the first request must be 'hello'")
+        version = msg.get("args", {}).get("version")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {version!r} is not supported; this "
+                                f"gpumemd speaks version {PROTOCOL_VERSION}")
+        client = str(msg.get("args", {}).get("client", ""))[:100]
+        session = self.manager.open_session(cred, client)
+        await framing.asend_frame(conn, {"id": msg.get("id"), "ok": True, "result": {
+            "version": PROTOCOL_VERSION, "daemon": f"gpumemd {VERSION}", "pid": os.getpid(),
+            "backend": self.manager.backend.name, "session": session.id}})
+        return session
+
+    async def _try_send(self, conn, message: dict) -> None:
+        try:
+            await framing.asend_frame(conn, message)
+        except (OSError, trio.BrokenResourceError):
+            pass
+
+    # ---- one request -------------------------------------------------------------------
+    async def _request(self, conn, session: Session, msg: dict, fds: list[int]) -> bool:
+        """Answer one request; False when the connection should end."""
+        rid = msg.get("id")
+        framing.close_fds(fds)  # clients never need to send us fds
+        try:
+            if fds:
+                raise UsageError("requests to gpumemd carry no file descriptors")
+            op, args = msg.get("op"), msg.get("args", {})
+            if not isinstance(op, str) or not isinstance(args, dict):
+                raise UsageError("a request needs a string 'op' and an object 'args'")
+            if op == "events" and args.get("follow"):
+                await self._follow_events(conn, session, rid, args)
+                return False
+            handler = getattr(self, "op_" + op, None)
+            if handler is None:
+                raise UsageError(f"unknown request {op!r}")
+            result, out_fds = handler(session, args)
+        except GpumemError as exc:
+            await framing.asend_frame(conn, {"id": rid, "ok": False, "error": exc.to_wire()})
+            return True
+        except Exception as exc:  # noqa: BLE001 - a bug: log it, answer it, keep serving
+            log.exception("internal error handling %r", msg.get("op"))
+            err = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            await framing.asend_frame(conn, {"id": rid, "ok": False, "error": err.to_wire()})
+            return True
+        try:
+            await framing.asend_frame(conn, {"id": rid, "ok": True, "result": result}, out_fds)
+        finally:
+            framing.close_fds(out_fds)
+        return True
+
+    # ---- operations (each returns (result, fds)) -------------------------------------------
+    def op_ls(self, s: Session, a: dict):
+        entries = self.manager.listdir(_str(a, "path", ""), s.cred,
+                                       recursive=_bool(a, "recursive"))
+        return {"entries": entries}, []
+
+    def op_info(self, s: Session, a: dict):
+        return self.manager.info(_str(a, "path"), s.cred), []
+
+    def op_create(self, s: Session, a: dict):
+        device = a.get("device")
+        return self.manager.create(
+            _str(a, "path"), s.cred, size=_int(a, "size"), durable=_bool(a, "durable"),
+            mode=_int(a, "mode", 0o600), device=None if device is None else str(device),
+            ecc=_str(a, "ecc", "rs"), exist_ok=_bool(a, "exist_ok"), session=s,
+            lease=_bool(a, "lease")), []
+
+    def op_mkdir(self, s: Session, a: dict):
+        return self.manager.mkdir(_str(a, "path"), s.cred, mode=_int(a, "mode", 0o755),
+                                  parents=_bool(a, "parents")), []
+
+    def op_rm(self, s: Session, a: dict):
+        removed = self.manager.remove(_str(a, "path"), s.cred, recursive=_bool(a, "recursive"),
+                                      force=_bool(a, "force"))
+        return {"removed": removed}, []
+
+    def op_durable(self, s: Session, a: dict):
+        return self.manager.set_durable(_str(a, "path"), s.cred, _bool(a, "durable")), []
+
+    def op_open(self, s: Session, a: dict):
+        holder, fd, info = self.manager.open(_str(a, "path"), s.cred, s, _str(a, "mode", "r"))
+        return {"handle": holder.id, "info": info}, [fd]
+
+    def op_close(self, s: Session, a: dict):
+        written = a.get("written")
+        if written is not None and not isinstance(written, dict):
+            raise UsageError("argument 'written' must be an object")
+        self.manager.close_handle(s, _int(a, "handle"), written=written)
+        return {}, []
+
+    def op_status(self, s: Session, a: dict):
+        m = self.manager
+        return {
+            "daemon": {**self.info, "pid": os.getpid(), "version": VERSION,
+                       "uptime_s": round(time.time() - self.started, 3),
+                       "backend": m.backend.name},
+            "keeper": m.keeper.info(),
+            "devices": self._devices(),
+            "totals": m.totals(),
+            "scrub": {"state": "unavailable",
+                      "reason": "ECC parity and scrubbing are not built yet"},
+        }, []
+
+    def op_devices(self, s: Session, a: dict):
+        return {"devices": self._devices()}, []
+
+    def _devices(self) -> list[dict]:
+        ours: dict[str, int] = {}
+        for alloc in self.manager.allocations():
+            if alloc.buffer is not None:
+                ours[alloc.device] = ours.get(alloc.device, 0) + alloc.capacity
+        return [{**d.to_dict(), "backend": self.manager.backend.name,
+                 "ours": ours.get(d.uuid, 0)} for d in self.manager.backend.devices()]
+
+    def op_events(self, s: Session, a: dict):
+        path = a.get("path")
+        events = self.manager.registry.events(
+            since=_int(a, "since", 0), limit=min(max(_int(a, "limit", 100), 1), 10_000),
+            path=None if path is None else _str(a, "path"))
+        return {"events": events}, []
+
+    def op_check(self, s: Session, a: dict):
+        repair = _bool(a, "repair")
+        if repair and not s.cred.is_root and s.cred.uid != os.geteuid():
+            raise UsageError("only root or the daemon's user may repair")
+        return Checker(self.manager).run(repair=repair), []
+
+    async def _follow_events(self, conn, session: Session, rid, args: dict) -> None:
+        """Stream events as they commit until the client hangs up."""
+        send, receive = trio.open_memory_channel(EVENT_QUEUE)
+
+        def deliver(event: dict) -> None:
+            try:
+                send.send_nowait(event)
+            except trio.WouldBlock:       # a reader this slow gets cut off, not buffered
+                send.close()
+
+        backlog, _ = self.op_events(session, {k: v for k, v in args.items() if k != "follow"})
+        self.manager.subscribers.add(deliver)
+        try:
+            await framing.asend_frame(conn, {"id": rid, "ok": True, "result": backlog})
+            async with trio.open_nursery() as nursery:
+                async def hang_up_watch():
+                    while await conn.recv(4096):
+                        pass
+                    nursery.cancel_scope.cancel()
+                nursery.start_soon(hang_up_watch)
+                async for event in receive:
+                    await framing.asend_frame(conn, {"id": rid, "event": event})
+                nursery.cancel_scope.cancel()
+        finally:
+            self.manager.subscribers.discard(deliver)

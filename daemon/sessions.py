@@ -1,0 +1,22 @@
+"""A session is one client connection: its credentials and what it holds.
+
+When the connection ends (the client closed it, or the client's process died and the kernel
+closed it), the manager releases everything the session held.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from .permissions import Credentials
+
+_ids = itertools.count(1)
+
+
+@dataclasses.dataclass(eq=False)
+class Session:
+    cred: Credentials
+    id: int = dataclasses.field(default_factory=lambda: next(_ids))
+    holders: dict = dataclasses.field(default_factory=dict)   # holder id -> Holder
+    client: str = ""
+    closed: bool = False

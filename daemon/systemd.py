@@ -1,0 +1,48 @@
+"""The few systemd interfaces gpumemd uses, spoken directly (no libsystemd needed).
+
+- sd_notify: READY=1, STOPPING=1, STATUS=..., and FDSTORE=1 / FDSTOREREMOVE=1 with FDNAME=,
+  over the datagram socket named by $NOTIFY_SOCKET (an '@' prefix is an abstract socket).
+- Socket-activation style fd hand-back at start: $LISTEN_PID, $LISTEN_FDS, $LISTEN_FDNAMES,
+  fds numbered from 3. systemd passes the fd store's contents this way after a restart.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+from gpumemctl.protocol.framing import ancillary
+
+LISTEN_FDS_START = 3
+
+
+def notify_socket() -> str | None:
+    return os.environ.get("NOTIFY_SOCKET") or None
+
+
+def notify(state: str, fds: list[int] = ()) -> bool:
+    """Send one notification; False when not running under systemd."""
+    path = notify_socket()
+    if not path:
+        return False
+    address = "\0" + path[1:] if path.startswith("@") else path
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.connect(address)
+        sock.sendmsg([state.encode()], ancillary(list(fds)))
+    return True
+
+
+def listen_fds() -> dict[str, list[int]]:
+    """fds passed to us at start, grouped by name (several may share a name)."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return {}
+    count = int(os.environ.get("LISTEN_FDS", "0"))
+    names = os.environ.get("LISTEN_FDNAMES", "").split(":") if count else []
+    grouped: dict[str, list[int]] = {}
+    for i in range(count):
+        fd = LISTEN_FDS_START + i
+        os.set_inheritable(fd, False)
+        name = names[i] if i < len(names) else "unknown"
+        grouped.setdefault(name, []).append(fd)
+    for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(var, None)
+    return grouped

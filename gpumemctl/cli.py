@@ -1,0 +1,375 @@
+"""The `gpumemctl` command line (typer).
+
+Pinned surface and exit codes: DESIGN.md and docs/cli.md. Every command takes `--json`
+(or the global one); with it, stdout is one JSON document. Errors are one line on stderr and
+the exit status is the error's protocol code. This module must not import textual, cuda or
+pynvml at module scope (a test checks): `gpumemctl ls` has to start fast.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from . import output
+from .protocol import GpumemError, UsageError, format_size, parse_size
+from .protocol.errors import INVALID_STATE, OK, REPAIRED
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Inspect and manage durable GPU memory served by gpumemd.",
+                  context_settings={"help_option_names": ["-h", "--help"]})
+
+
+class Settings:
+    socket: Optional[str] = None
+    json: bool = False
+
+
+# ---- shared option types (defined once, used by every command) ---------------------------
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout (for scripts).")]
+NameArg = Annotated[str, typer.Argument(help="Allocation name, e.g. models/llama.")]
+NamesArg = Annotated[list[str], typer.Argument(help="One or more allocation names.")]
+OffsetOpt = Annotated[str, typer.Option("--offset", help="Byte offset (sizes like 4K work).")]
+
+
+@app.callback()
+def main_options(
+    socket: Annotated[Optional[str], typer.Option(
+        "--socket", envvar="GPUMEMD_SOCKET", help="gpumemd's socket.")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="JSON output for every command.")]
+    = False,
+) -> None:
+    Settings.socket = socket
+    Settings.json = json_
+
+
+def want_json(flag: bool) -> bool:
+    return flag or Settings.json
+
+
+def connect():
+    from .client import Client
+    return Client(Settings.socket)
+
+
+def command(*names, **kwargs):
+    """Register a command whose GpumemErrors become one stderr line and their exit code."""
+    def wrap(func):
+        @functools.wraps(func)
+        def run(*args, **kw):
+            try:
+                code = func(*args, **kw)
+            except GpumemError as exc:
+                output.error(str(exc))
+                raise typer.Exit(exc.code) from None
+            except BrokenPipeError:
+                # `gpumemctl read x | head`: the reader left; that is not our error.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                raise typer.Exit(OK) from None
+            raise typer.Exit(code or OK)
+        app.command(*names, **kwargs)(run)
+        return func
+    return wrap
+
+
+def parse_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise UsageError(f"invalid mode {text!r}: expected octal permission bits such as "
+                         "0640") from None
+    if not 0 <= mode <= 0o7777:
+        raise UsageError(f"invalid mode {text!r}: expected octal 0000-7777")
+    return mode
+
+
+def parse_offset(text: str, what: str = "offset") -> int:
+    return 0 if text in ("0", "") else parse_size(text, allow_zero=True)
+
+
+# ---- namespace ----------------------------------------------------------------------------
+def _ls_row(e: dict) -> list[str]:
+    name = e["path"] + ("/" if e["type"] == "directory" else "")
+    if e["type"] == "directory":
+        return [_mode_string(e), f"{e['uid']}:{e['gid']}", "-", "-", "-", "-", "dir", "-",
+                e["modified"][:19], name]
+    return [_mode_string(e), f"{e['uid']}:{e['gid']}", format_size(e["size"]),
+            format_size(e["capacity"]), (e["device"] or "-")[:13],
+            "durable" if e["durable"] else "transient", e["state"], str(e["refcount"]),
+            e["modified"][:19], name]
+
+
+def _mode_string(e: dict) -> str:
+    mode = int(e["mode"], 8)
+    kind = "d" if e["type"] == "directory" else "-"
+    bits = "".join(ch if mode & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
+    if mode & 0o1000:
+        bits = bits[:8] + ("t" if mode & 1 else "T")
+    return kind + bits
+
+
+@command("ls")
+def ls(path: Annotated[str, typer.Argument(help="Directory or allocation.")] = "",
+       long: Annotated[bool, typer.Option("-l", "--long", help="Long listing.")] = False,
+       recursive: Annotated[bool, typer.Option("-R", "--recursive")] = False,
+       json_: JsonOpt = False):
+    """List allocations and directories."""
+    with connect() as c:
+        entries = c.ls(path, recursive=recursive)
+    if want_json(json_):
+        output.emit_json(entries)
+    elif long:
+        output.table([_ls_row(e) for e in entries],
+                     ["MODE", "OWNER", "SIZE", "CAPACITY", "DEVICE", "DURABILITY", "STATE",
+                      "REFS", "MODIFIED", "NAME"], right={2, 3, 7})
+    else:
+        for e in entries:
+            output.data(e["path"] + ("/" if e["type"] == "directory" else ""))
+
+
+@command("create")
+def create(name: NameArg,
+           size: Annotated[str, typer.Option("--size", "-s", help="e.g. 4096, 64K, 1.5G, 2GB.")],
+           durable: Annotated[bool, typer.Option("--durable", help="Survive daemon restarts.")]
+           = False,
+           device: Annotated[Optional[str], typer.Option("--device",
+                                                         help="Device index or UUID.")] = None,
+           mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")] = "0600",
+           ecc: Annotated[str, typer.Option("--ecc", help="rs or none.")] = "rs",
+           exist_ok: Annotated[bool, typer.Option(
+               "--exist-ok", help="Succeed if it exists with this size.")] = False,
+           json_: JsonOpt = False):
+    """Allocate NAME (missing parent directories are created)."""
+    nbytes, bits = parse_size(size), parse_mode(mode)
+    with connect() as c:
+        info = c.create(name, nbytes, durable=durable, mode=bits, device=device, ecc=ecc,
+                        exist_ok=exist_ok)
+    if want_json(json_):
+        output.emit_json(info)
+    else:
+        output.note(f"created {info['path']}: {format_size(info['size'])} (capacity "
+                    f"{format_size(info['capacity'])}) on {info['device']}, "
+                    f"{'durable' if info['durable'] else 'transient'}")
+
+
+@command("mkdir")
+def mkdir(name: NameArg,
+          parents: Annotated[bool, typer.Option("-p", "--parents")] = False,
+          mode: Annotated[str, typer.Option("--mode")] = "0755", json_: JsonOpt = False):
+    """Create a directory."""
+    with connect() as c:
+        info = c.mkdir(name, mode=parse_mode(mode), parents=parents)
+    if want_json(json_):
+        output.emit_json(info)
+
+
+def _each(names: list[str], action, json_: bool) -> int:
+    """Apply `action(client, name)` to each name, carrying on past errors like rm(1).
+    Exit status: the first error's code, else 0."""
+    code, results = OK, []
+    with connect() as c:
+        for name in names:
+            try:
+                results.append({"name": name, "ok": True, "result": action(c, name)})
+            except GpumemError as exc:
+                output.error(str(exc))
+                results.append({"name": name, "ok": False, "error": exc.to_wire()})
+                code = code or exc.code
+    if want_json(json_):
+        output.emit_json(results)
+    return code
+
+
+@command("rm")
+def rm(names: NamesArg,
+       recursive: Annotated[bool, typer.Option("-r", "-R", "--recursive")] = False,
+       force: Annotated[bool, typer.Option(
+           "-f", "--force", help="Remove even while held; memory goes with the last holder.")]
+       = False,
+       json_: JsonOpt = False):
+    """Free allocations (and, with -r, directories)."""
+    return _each(names, lambda c, n: c.remove(n, recursive=recursive, force=force), json_)
+
+
+@command("durable")
+def durable(names: NamesArg, json_: JsonOpt = False):
+    """Mark allocations durable: they survive client and daemon crashes."""
+    return _each(names, lambda c, n: c.set_durable(n, True), json_)
+
+
+@command("transient")
+def transient(names: NamesArg, json_: JsonOpt = False):
+    """Mark allocations transient: freed when the daemon stops."""
+    return _each(names, lambda c, n: c.set_durable(n, False), json_)
+
+
+@command("info")
+def info(name: NameArg, json_: JsonOpt = False):
+    """Everything known about one allocation or directory."""
+    with connect() as c:
+        data = c.info(name)
+    if want_json(json_):
+        output.emit_json(data)
+        return
+    for key in sorted(data):
+        if key == "holders":
+            holders = data[key]
+            output.data(f"{'holders':18} " + (", ".join(
+                f"{h['kind']} (pid {h['pid']}, uid {h['uid']})" for h in holders) or "none"))
+        elif key in ("size", "capacity") and data[key] is not None:
+            output.data(f"{key:18} {data[key]} ({format_size(data[key])})")
+        else:
+            output.data(f"{key:18} {data[key]}")
+
+
+# ---- data -----------------------------------------------------------------------------------
+@command("write")
+def write(name: NameArg,
+          file: Annotated[str, typer.Argument(help="Input file, or - for stdin.")] = "-",
+          offset: OffsetOpt = "0", json_: JsonOpt = False):
+    """Write FILE (or stdin) into NAME at --offset."""
+    start = parse_offset(offset)
+    src = sys.stdin.buffer if file == "-" else _open_input(file)
+    total = os.fstat(src.fileno()).st_size if file != "-" else None
+    meter = output.Progress(f"write {name}", total or 0)
+    with connect() as c:
+        done = c.write_from(name, src, start, progress=meter, total=total)
+    meter.finish()
+    if want_json(json_):
+        output.emit_json({"name": name, "offset": start, "bytes": done})
+
+
+def _open_input(path: str):
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+
+
+@command("read")
+def read(name: NameArg,
+         file: Annotated[str, typer.Argument(help="Output file, or - for stdout.")] = "-",
+         offset: OffsetOpt = "0",
+         length: Annotated[Optional[str], typer.Option("--length",
+                                                       help="Bytes to read.")] = None):
+    """Read NAME (from --offset, --length bytes) to FILE or stdout."""
+    start = parse_offset(offset)
+    count = None if length is None else parse_size(length, allow_zero=True)
+    out = sys.stdout.buffer if file == "-" else open(file, "wb")
+    with connect() as c:
+        total = count if count is not None else max((c.info(name).get("size") or 0) - start, 0)
+        meter = output.Progress(f"read {name}", total)
+        c.read_to(name, out, start, count, progress=meter)
+    out.flush()
+    meter.finish()
+
+
+# ---- daemon ---------------------------------------------------------------------------------
+@command("status")
+def status(json_: JsonOpt = False):
+    """Daemon, keeper, devices, totals and scrub state."""
+    with connect() as c:
+        s = c.status()
+    if want_json(json_):
+        output.emit_json(s)
+        return
+    d, k, t = s["daemon"], s["keeper"], s["totals"]
+    output.data(f"daemon:   gpumemd {d['version']} pid {d['pid']}, backend {d['backend']}, "
+                f"up {d['uptime_s']:.0f}s, socket {d['socket']}")
+    keeper = f"pid {k.get('pid')}, holding {k.get('held')} allocations ({k.get('fds')} fds)" \
+        if k.get("alive") else f"NOT RUNNING ({k.get('error')})"
+    output.data(f"keeper:   {k['kind']} {keeper}")
+    for dev in s["devices"]:
+        output.data(f"device {dev['index']}: {dev['name']} {dev['uuid']}: "
+                    f"{format_size(dev['ours'])} ours, {format_size(dev['free'])} free of "
+                    f"{format_size(dev['total'])}")
+    states = ", ".join(f"{n} {st}" for st, n in sorted(t["by_state"].items())) or "none"
+    output.data(f"totals:   {t['allocations']} allocations ({states}), {t['durable']} durable, "
+                f"{format_size(t['size'])} in use, {t['sessions']} sessions")
+    output.data(f"scrub:    {s['scrub']['state']}")
+
+
+@command("devices")
+def devices(json_: JsonOpt = False):
+    """Devices of the daemon's backend."""
+    with connect() as c:
+        devs = c.devices()
+    if want_json(json_):
+        output.emit_json(devs)
+        return
+    output.table([[str(d["index"]), d["name"], d["uuid"], format_size(d["total"]),
+                   format_size(d["free"]), format_size(d["ours"])] for d in devs],
+                 ["INDEX", "NAME", "UUID", "TOTAL", "FREE", "OURS"], right={3, 4, 5})
+
+
+def _event_line(e: dict) -> str:
+    from datetime import datetime, timezone
+    when = datetime.fromtimestamp(e["time_ns"] / 1e9, tz=timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ")
+    who = f" uid={e['uid']}" if e["uid"] is not None else ""
+    detail = " ".join(f"{k}={v}" for k, v in sorted(e["detail"].items()))
+    return f"{e['id']:>6} {when} {e['kind']:<9} {e['path'] or '-'}{who} {detail}".rstrip()
+
+
+@command("events")
+def events(follow: Annotated[bool, typer.Option("-f", "--follow",
+                                                help="Keep printing new events.")] = False,
+           since: Annotated[int, typer.Option("--since", help="Only events after this id.")]
+           = 0,
+           limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many.")]
+           = 100,
+           path: Annotated[Optional[str], typer.Option("--path",
+                                                       help="Only this path (and below).")]
+           = None,
+           json_: JsonOpt = False):
+    """The event log. With --json --follow, one JSON object per line."""
+    as_json = want_json(json_)
+    with connect() as c:
+        if follow:
+            try:
+                for e in c.follow_events(since=since, limit=limit):
+                    if path and e["path"] != path and not (e["path"] or "").startswith(
+                            path + "/"):
+                        continue
+                    output.data(__import__("json").dumps(e) if as_json else _event_line(e))
+                    sys.stdout.flush()
+            except KeyboardInterrupt:
+                return OK
+        evs = c.events(since=since, limit=limit, path=path)
+    if as_json:
+        output.emit_json(evs)
+    else:
+        for e in evs:
+            output.data(_event_line(e))
+
+
+@command("check")
+def check(repair: Annotated[bool, typer.Option("--repair", help="Fix what can be fixed.")]
+          = False,
+          json_: JsonOpt = False):
+    """Consistency check of registry, backend and keeper (like fsck).
+    Exit 0 clean, 1 problems found and all repaired, 10 problems remain."""
+    with connect() as c:
+        result = c.check(repair=repair)
+    if want_json(json_):
+        output.emit_json(result)
+    else:
+        for p in result["problems"]:
+            output.data(f"{p['check']}: {p['message']}"
+                        + (" [repaired]" if p["repaired"] else ""))
+        output.data("check: clean" if result["clean"] else
+                    f"check: {len(result['problems'])} problem(s)")
+    if result["clean"]:
+        return OK
+    return REPAIRED if all(p["repaired"] for p in result["problems"]) else INVALID_STATE
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

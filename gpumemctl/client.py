@@ -1,0 +1,241 @@
+"""The blocking client library: `gpumemctl.Client`.
+
+One connection per Client, safe to share between threads (a lock serialises requests). The
+connection is also the session: a transient allocation created with `lease=True` is freed
+when the session ends, whether the Client is closed or its process dies.
+
+Data moves through passed fds, never through JSON: `open()` receives the allocation's fd and
+the client maps it (host backend: a memfd; read-only opens get a read-only fd).
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import socket
+import threading
+from typing import BinaryIO, Callable, Iterator
+
+from .protocol import (PROTOCOL_VERSION, NotRunning, ProtocolError, UsageError,
+                       default_socket, error_from_wire, framing, parse_size)
+
+CHUNK = 8 << 20
+
+
+class Handle:
+    """An open allocation: a mapping of its memory and the daemon's lock on it."""
+
+    def __init__(self, client: "Client", handle_id: int, fd: int, info: dict, writable: bool):
+        self.client, self.id, self.info, self.writable = client, handle_id, info, writable
+        self.size = info["size"]
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        try:
+            self.map = mmap.mmap(fd, info["capacity"], mmap.MAP_SHARED, prot)
+        finally:
+            os.close(fd)
+        self._written: dict | None = None
+
+    def _check_range(self, offset: int, length: int) -> None:
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise UsageError(f"range {offset}+{length} is outside '{self.info['path']}' "
+                             f"(size {self.size})")
+
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        length = self.size - offset if length is None else length
+        self._check_range(offset, length)
+        return self.map[offset:offset + length]
+
+    def write(self, data, offset: int = 0) -> None:
+        self._check_range(offset, len(data))
+        self.map[offset:offset + len(data)] = data
+        self._note_write(offset, len(data))
+
+    def _note_write(self, offset: int, length: int) -> None:
+        if self._written is None:
+            self._written = {"offset": offset, "end": offset + length}
+        else:
+            self._written["offset"] = min(self._written["offset"], offset)
+            self._written["end"] = max(self._written["end"], offset + length)
+
+    def close(self) -> None:
+        if self.map is None:
+            return
+        if self.writable:
+            self.map.flush()
+        self.map.close()
+        self.map = None
+        written = None
+        if self._written:
+            written = {"offset": self._written["offset"],
+                       "bytes": self._written["end"] - self._written["offset"]}
+        self.client.call("close", handle=self.id, written=written)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Client:
+    def __init__(self, socket_path: str | None = None, *, client_name: str = "gpumemctl",
+                 timeout: float | None = 60.0):
+        self.socket_path = socket_path or default_socket()
+        self._lock = threading.Lock()
+        self._next_id = 0
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(self.socket_path)
+        except OSError as exc:
+            self.sock.close()
+            reason = {errno.ENOENT: "no such socket", errno.ECONNREFUSED: "connection refused",
+                      errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror)
+            raise NotRunning(f"gpumemd is not running: cannot connect to {self.socket_path} "
+                             f"({reason})") from None
+        self.hello = self.call("hello", version=PROTOCOL_VERSION, client=client_name)
+
+    # ---- transport ----------------------------------------------------------------------
+    def call_fds(self, op: str, **args) -> tuple[dict, list[int]]:
+        with self._lock:
+            self._next_id += 1
+            rid = self._next_id
+            try:
+                framing.send_frame(self.sock, {"id": rid, "op": op, "args": args})
+                reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
+            except (EOFError, ConnectionError) as exc:
+                raise NotRunning(f"gpumemd closed the connection ({exc})") from None
+        if not reply.get("ok"):
+            framing.close_fds(fds)
+            raise error_from_wire(reply.get("error") or {})
+        if reply.get("id") != rid:
+            framing.close_fds(fds)
+            raise ProtocolError(f"answer to request {reply.get('id')} while waiting for {rid}")
+        return reply["result"], fds
+
+    def call(self, op: str, **args) -> dict:
+        result, fds = self.call_fds(op, **args)
+        framing.close_fds(fds)
+        return result
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- namespace ----------------------------------------------------------------------
+    def ls(self, path: str = "", *, recursive: bool = False) -> list[dict]:
+        return self.call("ls", path=path, recursive=recursive)["entries"]
+
+    def info(self, path: str) -> dict:
+        return self.call("info", path=path)
+
+    def create(self, path: str, size: int | str, *, durable: bool = False, mode: int = 0o600,
+               device: str | int | None = None, ecc: str = "rs", exist_ok: bool = False,
+               lease: bool = False) -> dict:
+        return self.call("create", path=path, size=parse_size(size), durable=durable,
+                         mode=mode, device=None if device is None else str(device), ecc=ecc,
+                         exist_ok=exist_ok, lease=lease)
+
+    def mkdir(self, path: str, *, mode: int = 0o755, parents: bool = False) -> dict:
+        return self.call("mkdir", path=path, mode=mode, parents=parents)
+
+    def remove(self, path: str, *, recursive: bool = False, force: bool = False) -> list[str]:
+        return self.call("rm", path=path, recursive=recursive, force=force)["removed"]
+
+    def set_durable(self, path: str, durable: bool = True) -> dict:
+        return self.call("durable", path=path, durable=durable)
+
+    # ---- data -----------------------------------------------------------------------------
+    def open(self, path: str, mode: str = "r") -> Handle:
+        result, fds = self.call_fds("open", path=path, mode=mode)
+        if len(fds) != 1:
+            framing.close_fds(fds)
+            raise ProtocolError(f"'open' answered with {len(fds)} fds, expected 1")
+        return Handle(self, result["handle"], fds[0], result["info"], mode == "rw")
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        with self.open(path, "r") as h:
+            return h.read(offset, length)
+
+    def write(self, path: str, data, offset: int = 0) -> None:
+        with self.open(path, "rw") as h:
+            h.write(data, offset)
+
+    def read_to(self, path: str, out: BinaryIO, offset: int = 0, length: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> int:
+        """Stream a range of an allocation to a file object; returns bytes written."""
+        with self.open(path, "r") as h:
+            length = h.size - offset if length is None else length
+            h._check_range(offset, length)
+            done = 0
+            while done < length:
+                n = min(CHUNK, length - done)
+                out.write(memoryview(h.map)[offset + done:offset + done + n])
+                done += n
+                if progress:
+                    progress(done, length)
+            return done
+
+    def write_from(self, path: str, src: BinaryIO, offset: int = 0,
+                   progress: Callable[[int, int], None] | None = None,
+                   total: int | None = None) -> int:
+        """Stream a file object into an allocation; fails before writing past its size."""
+        with self.open(path, "rw") as h:
+            if total is not None:
+                h._check_range(offset, total)
+            done = 0
+            view = memoryview(h.map)
+            try:
+                while True:
+                    limit = h.size - offset - done
+                    chunk = src.read(min(CHUNK, limit + 1) if limit >= 0 else 1)
+                    if not chunk:
+                        break
+                    if len(chunk) > limit:
+                        raise UsageError(f"input is larger than '{h.info['path']}' from offset "
+                                         f"{offset} (size {h.size}); nothing past the end "
+                                         "was written")
+                    view[offset + done:offset + done + len(chunk)] = chunk
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total or 0)
+            finally:
+                view.release()
+                if done:
+                    h._note_write(offset, done)
+            return done
+
+    # ---- daemon -------------------------------------------------------------------------
+    def status(self) -> dict:
+        return self.call("status")
+
+    def devices(self) -> list[dict]:
+        return self.call("devices")["devices"]
+
+    def events(self, *, since: int = 0, limit: int = 100, path: str | None = None) -> list[dict]:
+        args = {"since": since, "limit": limit}
+        if path:
+            args["path"] = path
+        return self.call("events", **args)["events"]
+
+    def follow_events(self, *, since: int = 0, limit: int = 100) -> Iterator[dict]:
+        """The backlog, then each new event as it commits. Uses up this connection."""
+        self.sock.settimeout(None)
+        for event in self.call("events", since=since, limit=limit, follow=True)["events"]:
+            yield event
+        while True:
+            try:
+                reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
+            except (EOFError, ConnectionError):
+                raise NotRunning("gpumemd closed the event stream") from None
+            framing.close_fds(fds)
+            if "event" in reply:
+                yield reply["event"]
+
+    def check(self, *, repair: bool = False) -> dict:
+        return self.call("check", repair=repair)

@@ -1,0 +1,72 @@
+"""All terminal output of the CLI: data on stdout, diagnostics on stderr.
+
+A user error is one line on stderr ("gpumemctl: error: ..."); a bug prints its traceback.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from .protocol import format_size
+
+
+def data(text: str = "") -> None:
+    sys.stdout.write(text + "\n")
+
+
+def emit_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def error(message: str) -> None:
+    print(f"gpumemctl: error: {message}", file=sys.stderr)
+
+
+def note(message: str) -> None:
+    """A confirmation for a person at a terminal; silent when stderr is not a TTY."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr)
+
+
+def table(rows: list[list[str]], headers: list[str], right: set[int] = frozenset()) -> None:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+
+    def fmt(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    data(fmt(headers))
+    for row in rows:
+        data(fmt(row))
+
+
+class Progress:
+    """A one-line progress meter on stderr, only for a TTY and only for long transfers."""
+    MIN_BYTES = 64 << 20
+
+    def __init__(self, label: str, total: int, enabled: bool | None = None):
+        self.label, self.total = label, total
+        self.enabled = sys.stderr.isatty() and total >= self.MIN_BYTES \
+            if enabled is None else enabled
+        self.start = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int = 0) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.2 and done < self.total:
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-6)
+        pct = f"{100 * done / self.total:5.1f}% " if self.total else ""
+        sys.stderr.write(f"\r{self.label}: {pct}{format_size(done)} at "
+                         f"{format_size(int(rate))}/s   ")
+        sys.stderr.flush()
+
+    def finish(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")

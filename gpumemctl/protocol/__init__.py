@@ -1,0 +1,19 @@
+"""The wire contract between gpumemd and its clients: framing, errors, names, sizes.
+
+Standard library only: the daemon, the keeper and the CLI all import it, and nothing else of
+`gpumemctl` may be imported by the daemon (DESIGN.md, dependency direction).
+"""
+from .defaults import PROTOCOL_VERSION, SOCKET_ENV, default_socket, default_state_dir
+from .errors import (ERROR_TABLE, Busy, Exists, GpumemError, InternalError, InvalidState,
+                     NoMemory, NotFound, NotRunning, PermissionDenied, ProtocolError,
+                     Uncorrectable, UsageError, error_from_wire)
+from .names import check_component, normalize, split_path
+from .sizes import format_size, parse_size, round_up
+
+__all__ = [
+    "PROTOCOL_VERSION", "SOCKET_ENV", "default_socket", "default_state_dir", "ERROR_TABLE",
+    "Busy", "Exists", "GpumemError", "InternalError", "InvalidState", "NoMemory", "NotFound",
+    "NotRunning", "PermissionDenied", "ProtocolError", "Uncorrectable", "UsageError",
+    "error_from_wire", "check_component", "normalize", "split_path", "format_size",
+    "parse_size", "round_up",
+]

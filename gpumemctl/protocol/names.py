@@ -1,0 +1,63 @@
+"""Allocation names: paths in the one namespace shared by the socket API and the mount.
+
+Rules (DESIGN.md, "Names and permissions"): components of 1-255 bytes, no NUL, no `/` inside a
+component, not `.` or `..`, at most 4096 bytes in all. One leading `/` is accepted and dropped,
+so `/models/a` and `models/a` name the same thing. Names are bytes on Linux; on the wire they
+travel as str with surrogateescape (os.fsdecode), so any byte except NUL and `/` is allowed.
+"""
+from __future__ import annotations
+
+import os
+
+from .errors import UsageError
+
+MAX_COMPONENT_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+
+def _show(name: str) -> str:
+    """A name as it may appear in an error message: escaped, and cut if long."""
+    text = repr(name)
+    return text if len(text) <= 80 else text[:60] + f"...' ({len(os.fsencode(name))} bytes)"
+
+
+def split_path(path: str, *, allow_root: bool = False) -> list[str]:
+    """Validate `path` and return its components. The root is "" (or "/") when allowed."""
+    if not isinstance(path, str):
+        raise UsageError(f"name must be a string, not {type(path).__name__}")
+    if "\0" in path:
+        raise UsageError(f"invalid name {_show(path)}: contains a NUL byte")
+    raw = os.fsencode(path)
+    if len(raw) > MAX_PATH_BYTES:
+        raise UsageError(f"invalid name {_show(path)}: {len(raw)} bytes, at most "
+                         f"{MAX_PATH_BYTES} allowed")
+    body = path[1:] if path.startswith("/") else path
+    if body == "":
+        if allow_root:
+            return []
+        raise UsageError("invalid name '': a name needs at least one component")
+    parts = body.split("/")
+    for part in parts:
+        check_component(part, whole=path)
+    return parts
+
+
+def check_component(part: str, *, whole: str | None = None) -> str:
+    """Validate one path component (a file or directory name)."""
+    where = f"invalid name {_show(whole if whole is not None else part)}"
+    if part == "":
+        raise UsageError(f"{where}: empty component (a doubled or trailing '/')")
+    if part in (".", ".."):
+        raise UsageError(f"{where}: '{part}' is not allowed as a component")
+    if "/" in part or "\0" in part:
+        raise UsageError(f"{where}: a component may not contain '/' or NUL")
+    size = len(os.fsencode(part))
+    if size > MAX_COMPONENT_BYTES:
+        raise UsageError(f"{where}: component of {size} bytes, at most "
+                         f"{MAX_COMPONENT_BYTES} allowed")
+    return part
+
+
+def normalize(path: str, *, allow_root: bool = False) -> str:
+    """The canonical spelling of a valid path: no leading slash."""
+    return "/".join(split_path(path, allow_root=allow_root))
