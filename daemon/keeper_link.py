@@ -39,26 +39,25 @@ class ProcessKeeper:
         sock.settimeout(30)
         sock.connect(self.path)
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _gid = struct.unpack("3i", creds)
+        _pid, uid, _gid = struct.unpack("3i", creds)
         if uid != os.getuid():
             sock.close()
             raise KeeperGone(f"{self.path} is served by uid {uid}, not ours")
-        self.pid = pid
         return sock
 
     def ensure_running(self) -> bool:
         """Connect to the keeper, starting one if none answers. True when one was started."""
         self.close()
+        started = False
         try:
             self.sock = self._connect()
-            return False
         except (FileNotFoundError, ConnectionRefusedError):
-            pass
-        self._spawn()
-        self.sock = self._connect()
+            self._spawn()
+            self.sock = self._connect()
+            started = True
         # SO_PEERCRED names the process that called listen(), which forked and exited.
         self.pid = self._call("hello")["pid"]
-        return True
+        return started
 
     def _spawn(self) -> None:
         with open(self.logfile, "ab") as log:

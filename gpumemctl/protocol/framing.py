@@ -44,7 +44,7 @@ def parse_header(header: bytes, max_bytes: int) -> tuple[int, int]:
     """Validate a header; returns (payload length, declared fd count)."""
     if len(header) < HEADER_SIZE:
         raise ProtocolError(f"truncated frame header ({len(header)} of {HEADER_SIZE} bytes)")
-    magic, length, nfds, _flags = HEADER.unpack(header)
+    magic, length, nfds, _flags = HEADER.unpack_from(header)
     if magic != MAGIC:
         raise ProtocolError(f"bad frame magic {magic!r} (expected {MAGIC!r}): not a gpumemd "
                             "peer, or garbage on the socket")

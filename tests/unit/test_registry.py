@@ -1,0 +1,62 @@
+"""The registry on its own: schema, versions, transactions, event log."""
+from __future__ import annotations
+
+import os
+import sqlite3
+
+import pytest
+
+from daemon.registry import SCHEMA_VERSION, Registry
+
+
+def test_fresh_registry_has_root_wal_and_version(tmp_path):
+    reg = Registry(str(tmp_path / "r.sqlite"))
+    assert reg.version() == SCHEMA_VERSION
+    assert reg.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    rows = reg.load_nodes()
+    assert [(r["id"], r["kind"], r["mode"]) for r in rows] == [(1, "dir", 0o1777)]
+    reg.close()
+
+
+def test_rollback_leaves_nothing(tmp_path):
+    reg = Registry(str(tmp_path / "r.sqlite"))
+    with pytest.raises(RuntimeError):
+        with reg.transaction(durable=True):
+            reg.insert_node(parent=1, name="x", kind="alloc", uid=0, gid=0, mode=0o600,
+                            created_ns=0, modified_ns=0, changed_ns=0, state="ready")
+            raise RuntimeError("boom")
+    assert len(reg.load_nodes()) == 1
+    reg.close()
+
+
+def test_ids_are_never_reused(tmp_path):
+    """Keeper keys are node ids: a removed id must not come back for a new allocation."""
+    reg = Registry(str(tmp_path / "r.sqlite"))
+    fields = dict(parent=1, kind="alloc", uid=0, gid=0, mode=0o600, created_ns=0,
+                  modified_ns=0, changed_ns=0, state="ready")
+    with reg.transaction(durable=False):
+        first = reg.insert_node(name="a", **fields)
+        reg.delete_node(first)
+    with reg.transaction(durable=False):
+        assert reg.insert_node(name="b", **fields) > first
+    reg.close()
+
+
+def test_newer_schema_is_refused(tmp_path):
+    path = str(tmp_path / "r.sqlite")
+    Registry(path).close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(RuntimeError, match="newer"):
+        Registry(path)
+
+
+def test_events_filter_by_path_prefix(tmp_path):
+    reg = Registry(str(tmp_path / "r.sqlite"))
+    with reg.transaction(durable=False):
+        for path in ("a", "a/b", "ab", "c"):
+            reg.add_event("create", None, path, 0, os.getpid(), {"n": path}, 1)
+    assert [e["path"] for e in reg.events(path="a")] == ["a", "a/b"]
+    assert [e["path"] for e in reg.events(since=2, limit=1)] == ["c"]
+    reg.close()
