@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -101,15 +102,26 @@ def machine() -> dict:
                     break
     except OSError:
         pass
-    fs = "?"
-    try:
-        fs = subprocess.run(["stat", "-f", "-c", "%T", tempfile.gettempdir()],
-                            capture_output=True, text=True, timeout=5).stdout.strip() or "?"
-    except (OSError, subprocess.SubprocessError):
-        pass
     return {"nproc": os.cpu_count(), "cpu_model": model, "kernel": platform.release(),
-            "python": platform.python_version(), "tmp_fs": fs,
+            "python": platform.python_version(), "tmp_fs": fs_type("/tmp"),
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
             "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
+
+
+def fs_type(path: str) -> str:
+    """Filesystem type of the mount holding `path` (durable commits fsync there)."""
+    best, kind = "", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                fields = line.split()
+                mnt = fields[1]
+                inside = path == mnt or path.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best):
+                    best, kind = mnt, fields[2]
+    except OSError:
+        pass
+    return kind
 
 
 # ---- the daemon under test -----------------------------------------------------------------
@@ -187,13 +199,24 @@ class Daemon:
             return ""
 
     def last_start_summary(self) -> dict | None:
-        text = self.log_tail(1 << 20)
-        found = re.findall(r"registry loaded: (\d+) adopted, (\d+) lost, (\d+) orphans freed, "
-                           r"(\d+) stale transients dropped", text)
+        """What the current daemon's log says about its start: the adoption counts, and the
+        seconds from 'backend chosen' to 'registry loaded' (keeper connect + fetch + adopt)."""
+        pid = self.proc.pid
+        stamp = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) gpumemd\[%d\] \w+: " % pid
+        text = self.log_tail(8 << 20)
+        found = re.search(stamp + r"registry loaded: (\d+) adopted, (\d+) lost, (\d+) orphans "
+                          r"freed, (\d+) stale transients dropped", text)
         if not found:
             return None
-        a, lost, orph, drop = map(int, found[-1])
-        return {"adopted": a, "lost": lost, "orphans_freed": orph, "transients_dropped": drop}
+        a, lost, orph, drop = map(int, found.groups()[2:])
+        out = {"adopted": a, "lost": lost, "orphans_freed": orph, "transients_dropped": drop}
+        chosen = re.search(stamp + r"backend \w+ chosen", text)
+        if chosen:
+            def secs(m):
+                return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + \
+                    int(m.group(2)) / 1000
+            out["adopt_phase_s"] = secs(found) - secs(chosen)
+        return out
 
     def cleanup(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -222,13 +245,20 @@ def _is_keeper(pid: int, state_dir: str) -> bool:
 
 
 # ---- phase 1: gpumemctl ls ------------------------------------------------------------------
-def time_cmd(argv: list[str], runs: int, warmup: int = 2, check=None) -> list[float]:
+def time_cmd(argv: list[str], runs: int, warmup: int = 2, check=None,
+             cpu: list | None = None) -> list[float]:
+    """Wall time of each run; with `cpu`, also append each run's user+sys CPU seconds
+    (RUSAGE_CHILDREN deltas: exact, as nothing else of ours is reaped meanwhile)."""
     env = clean_env()
     times = []
     for i in range(warmup + runs):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         dt = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if cpu is not None and i >= warmup:
+            cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: "
                                f"{proc.stderr.decode(errors='replace')[-2000:]}")
@@ -237,6 +267,10 @@ def time_cmd(argv: list[str], runs: int, warmup: int = 2, check=None) -> list[fl
         if i >= warmup:
             times.append(dt)
     return times
+
+
+def _fail(what: str, out: bytes):
+    raise RuntimeError(f"{what}: unexpected output {out[:200]!r}")
 
 
 def phase_ls(d: Daemon, c: Client, runs: int) -> dict:
@@ -259,9 +293,16 @@ def phase_ls(d: Daemon, c: Client, runs: int) -> dict:
     ls_argv = console_script("gpumemctl") + ["--socket", d.socket, "ls", "-R", "--json",
                                              listing]
     say(f"phase 1: timing `gpumemctl ls -R --json {listing}` x{runs}")
-    ls_times = time_cmd(ls_argv, runs, check=check)
+    ls_cpu: list[float] = []
+    ls_times = time_cmd(ls_argv, runs, check=check, cpu=ls_cpu)
+    c.mkdir("empty")
+    say(f"phase 1: timing `gpumemctl ls --json empty` (an empty directory) x{runs}")
+    empty_argv = console_script("gpumemctl") + ["--socket", d.socket, "ls", "--json", "empty"]
+    empty_times = time_cmd(empty_argv, runs,
+                           check=lambda out: json.loads(out) == [] or _fail("ls empty", out))
     say(f"phase 1: timing `python -c pass` and `python -c 'import gpumemctl.cli'` x{runs}")
-    floor_times = time_cmd([PYTHON, "-c", "pass"], runs)
+    floor_cpu: list[float] = []
+    floor_times = time_cmd([PYTHON, "-c", "pass"], runs, cpu=floor_cpu)
     import_times = time_cmd([PYTHON, "-c", "import gpumemctl.cli"], runs)
     rpc_times = []
     for i in range(2 + runs):
@@ -274,7 +315,9 @@ def phase_ls(d: Daemon, c: Client, runs: int) -> dict:
             rpc_times.append(dt)
     return {"listing": f"ls -R --json {listing}", "entries": want_entries,
             "allocations": N_ALLOCS, "fill_s": fill_s,
-            "ls": summary(ls_times), "python_pass": summary(floor_times),
+            "ls": summary(ls_times), "ls_cpu": summary(ls_cpu),
+            "ls_empty_dir": summary(empty_times),
+            "python_pass": summary(floor_times), "python_pass_cpu": summary(floor_cpu),
             "import_cli": summary(import_times), "client_ls_rpc": summary(rpc_times)}
 
 
@@ -312,7 +355,18 @@ def phase_round_trips(c: Client, iters: int, durable_iters: int) -> dict:
     say(f"phase 2: durable create+rm x{durable_iters}")
     durable = round_trips(c, durable_iters, durable=True)
     return {"status": summary(status), "info": summary(info),
-            "transient_create_rm": summary(transient), "durable_create_rm": summary(durable)}
+            "transient_create_rm": {**summary(transient), **outliers(transient)},
+            "durable_create_rm": {**summary(durable), **outliers(durable)}}
+
+
+def outliers(times: list[float], factor: float = 4.0) -> dict:
+    """Iterations slower than factor x p50, and the median spacing between them: a steady
+    spacing points at periodic work on the request path (e.g. a WAL checkpoint)."""
+    limit = pct(times, 50) * factor
+    slow = [i for i, t in enumerate(times) if t > limit]
+    gaps = [b - a for a, b in zip(slow, slow[1:])]
+    return {"slow_factor": factor, "slow_count": len(slow),
+            "slow_gap_median": statistics.median(gaps) if gaps else None}
 
 
 # ---- phase 3: restarts ------------------------------------------------------------------------
@@ -382,10 +436,17 @@ def phase_restart(d: Daemon, c: Client, restarts: int) -> dict:
             "kill9_connect_median_s": statistics.median(r["connect_s"] for r in hard),
             "sigterm_ready_median_s": statistics.median(r["ready_s"] for r in soft),
             "sigterm_connect_median_s": statistics.median(r["connect_s"] for r in soft),
-            "sigterm_stop_median_s": statistics.median(r["stop_s"] for r in soft)}
+            "sigterm_stop_median_s": statistics.median(r["stop_s"] for r in soft),
+            "kill9_adopt_phase_median_s": _median_or_none(
+                r["start_summary"].get("adopt_phase_s") for r in hard)}
 
 
-# ---- report ---------------------------------------------------------------------------------------
+def _median_or_none(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+# ---- report ---------------------------------------------------------------------------------
 def rows_from(fig: dict) -> list[dict]:
     rows = []
 
@@ -400,6 +461,10 @@ def rows_from(fig: dict) -> list[dict]:
     row("  same, p90", f"{ls['ls']['p90_ms']:.1f} ms")
     row("  baseline: python -c pass p50 (startup floor)", f"{floor:.1f} ms")
     row("  ratio ls p50 / startup floor p50", f"{ls['ls']['p50_ms'] / floor:.1f}x")
+    row("  CPU time (user+sys) of the ls process p50 / of python -c pass p50",
+        f"{ls['ls_cpu']['p50_ms']:.0f} / {ls['python_pass_cpu']['p50_ms']:.0f} ms")
+    row("  breakdown: gpumemctl ls --json of an empty directory p50",
+        f"{ls['ls_empty_dir']['p50_ms']:.1f} ms")
     row("  breakdown: python -c 'import gpumemctl.cli' p50",
         f"{ls['import_cli']['p50_ms']:.1f} ms")
     row("  breakdown: Client.ls RPC in-process (same listing) p50",
@@ -409,6 +474,7 @@ def rows_from(fig: dict) -> list[dict]:
     row(f"Client create+rm transient 4 KiB p50 (n={t['n']})", f"{t['p50_ms']:.2f} ms",
         "<= 2 ms", t["p50_ms"] <= 2.0)
     row("  same, p99", f"{t['p99_ms']:.2f} ms")
+    row(f"  iterations slower than {t['slow_factor']:g}x p50", f"{t['slow_count']}")
     row(f"Client create+rm durable 4 KiB p50 (fsync path, n={du['n']})",
         f"{du['p50_ms']:.2f} ms")
     row("  same, p99", f"{du['p99_ms']:.2f} ms")
@@ -420,6 +486,9 @@ def rows_from(fig: dict) -> list[dict]:
     row(f"restart after kill -9, {N_ALLOCS} durable re-adopted, median of {n}",
         f"{rs['kill9_ready_median_s']:.3f} s", "<= 2 s", rs["kill9_ready_median_s"] <= 2.0)
     row("  of which: spawn -> socket accepts a Client", f"{rs['kill9_connect_median_s']:.3f} s")
+    adopt = rs["kill9_adopt_phase_median_s"]
+    row(f"  of which: keeper fetch + re-adopt {N_ALLOCS} (daemon log, ms resolution)",
+        "?" if adopt is None else f"{adopt:.3f} s")
     row(f"restart after SIGTERM (clean), median of {n}", f"{rs['sigterm_ready_median_s']:.3f} s",
         "<= 2 s", rs["sigterm_ready_median_s"] <= 2.0)
     row("  SIGTERM -> exit (clean stop)", f"{rs['sigterm_stop_median_s']:.3f} s")
@@ -430,7 +499,7 @@ def print_table(fig: dict, rows: list[dict]) -> None:
     m = fig["machine"]
     print(f"gpumemctl core benchmark - {m['nproc']} CPU(s), {m['cpu_model']}, "
           f"{m['mem_gib']} GiB RAM, Linux {m['kernel']}, Python {m['python']}, "
-          f"/tmp on {m['tmp_fs']}")
+          f"/tmp on {m['tmp_fs']}, load average at start {m['loadavg_at_start'][0]}")
     print(f"gpumemd --backend host; total run {fig['wall_s']:.1f} s; "
           f"pattern verified in {len(PATTERN_INDEXES)} allocations after each restart")
     headers = ["what", "measured", "target", "ok?"]
@@ -451,7 +520,7 @@ def main(argv=None) -> int:
     p.add_argument("--ls-runs", type=int, default=20, help="timed runs of gpumemctl ls")
     p.add_argument("--iters", type=int, default=2000,
                    help="transient create+rm / status / info iterations")
-    p.add_argument("--durable-iters", type=int, default=500,
+    p.add_argument("--durable-iters", type=int, default=2000,
                    help="durable create+rm iterations (fsync path)")
     p.add_argument("--restarts", type=int, default=3, help="restarts of each kind")
     p.add_argument("--keep", action="store_true",

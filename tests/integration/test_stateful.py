@@ -46,6 +46,7 @@ MiB = 1 << 20
 NAMES = ["x", "a", "a/b", "a/c", "a/b/c"]
 # 1 byte .. 3 MiB; capacity is rounded up to 2 MiB, so these cover 1 and 2 granules.
 SIZES = [1, 4096, 1 * MiB, 2 * MiB + 1, 3 * MiB]
+MAX_RESTARTS = 4        # per example, hard and clean together
 
 
 def _prefixes(path: str) -> list[str]:
@@ -59,6 +60,9 @@ class AllocationLifecycle(RuleBasedStateMachine):
         # model
         self.allocs: dict[str, dict] = {}   # path -> {"size", "durable", "data": bytearray}
         self.dirs: set[str] = set()
+        # Restarts cost a daemon start (~0.25 s) each; a budget per example keeps the run
+        # short without starving the other rules (Hypothesis' mutator likes to repeat them).
+        self.restarts_left = MAX_RESTARTS
         # the real thing
         self.daemon = Daemon(make_base_dir())
         self.client = None
@@ -113,6 +117,7 @@ class AllocationLifecycle(RuleBasedStateMachine):
                                  f"want {bytes(model['data'][first:first + 16]).hex()})")
 
     def _after_restart(self) -> None:
+        self.restarts_left -= 1
         self.client = self.daemon.client()
         self.allocs = {p: a for p, a in self.allocs.items() if a["durable"]}
         for path in sorted(self.allocs):
@@ -183,6 +188,7 @@ class AllocationLifecycle(RuleBasedStateMachine):
                 self.allocs.pop(p, None)
                 self.dirs.discard(p)
 
+    @precondition(lambda self: self.restarts_left > 0)
     @rule()
     def restart_hard(self):
         self.client.close()
@@ -190,6 +196,7 @@ class AllocationLifecycle(RuleBasedStateMachine):
         self.daemon.start()
         self._after_restart()
 
+    @precondition(lambda self: self.restarts_left > 0)
     @rule()
     def restart_clean(self):
         self.client.close()
