@@ -16,8 +16,13 @@ def data(text: str = "") -> None:
 
 
 def emit_json(obj) -> None:
-    json.dump(obj, sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
+    """Indented for a person at a terminal; compact (and C-encoded, ~10x faster for big
+    listings) when piped into jq or a script."""
+    if sys.stdout.isatty():
+        text = json.dumps(obj, indent=2, sort_keys=True)
+    else:
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    sys.stdout.write(text + "\n")
 
 
 def error(message: str) -> None:
