@@ -5,10 +5,12 @@ These dicts are the public API for scripts (docs/protocol.md lists their fields)
 from __future__ import annotations
 
 import datetime
+import functools
 
 from .nodes import Allocation, Node
 
 
+@functools.lru_cache(maxsize=1 << 16)   # a listing formats the same times again and again
 def iso(ns: int) -> str:
     dt = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
