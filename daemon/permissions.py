@@ -10,7 +10,8 @@ import dataclasses
 from gpumemctl.protocol import PermissionDenied
 
 R, W, X = 4, 2, 1
-_WHAT = {R: "read", W: "write", X: "search", W | X: "write", R | X: "read"}
+_WHAT = {R: "read", W: "write", X: "search", W | X: "write", R | X: "read",
+         R | W: "write"}
 
 
 @dataclasses.dataclass(frozen=True)

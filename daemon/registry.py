@@ -216,8 +216,14 @@ class Registry:
             self.db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - MAX_EVENTS,))
         return cur.lastrowid
 
-    def events(self, since: int = 0, limit: int = 100, path: str | None = None) -> list[dict]:
+    def events(self, since: int = 0, limit: int = 100, path: str | None = None,
+               uid: int | None = None) -> list[dict]:
+        """Events after `since`, oldest first; with `uid`, only that user's and the
+        daemon-wide ones."""
         where, args = "id > ?", [since]
+        if uid is not None:
+            where += " AND (uid = ? OR node IS NULL)"
+            args.append(uid)
         if path:
             prefix = path + "/"
             where += " AND (path = ? OR substr(path, 1, ?) = ?)"

@@ -17,8 +17,8 @@ import time
 
 import trio
 
-from gpumemctl.protocol import (PROTOCOL_VERSION, GpumemError, InternalError, ProtocolError,
-                                UsageError, framing)
+from gpumemctl.protocol import (PROTOCOL_VERSION, GpumemError, InternalError,
+                                PermissionDenied, ProtocolError, UsageError, framing)
 
 from .check import Checker
 from .manager import AllocationManager
@@ -70,7 +70,7 @@ class Server:
         await listener.bind(self.socket_path)
         # Anyone may connect; each request is authorised by its peer credentials.
         os.chmod(self.socket_path, 0o666)
-        listener.listen(128)
+        listener.listen(socket.SOMAXCONN)
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
@@ -91,6 +91,8 @@ class Server:
             await self._try_send(conn, {"id": None, "ok": False, "error": exc.to_wire()})
         except (EOFError, ConnectionError, trio.BrokenResourceError, OSError):
             pass
+        except Exception:  # noqa: BLE001 - a bug in one connection must not stop the daemon
+            log.exception("internal error on a connection; closing it")
         finally:
             if session is not None:
                 self.manager.close_session(session)
@@ -99,13 +101,14 @@ class Server:
     async def _handshake(self, conn, cred: Credentials) -> Session:
         msg, fds = await framing.arecv_frame(conn, framing.MAX_REQUEST_BYTES)
         framing.close_fds(fds)
-        if msg.get("op") != "hello":
-            raise ProtocolError("the first request must be 'hello'")
-        version = msg.get("args", {}).get("version")
-        if version != PROTOCOL_VERSION:
+        args = msg.get("args", {})
+        if msg.get("op") != "hello" or not isinstance(args, dict):
+            raise ProtocolError("the first request must be 'hello' with an object 'args'")
+        version = args.get("version")
+        if type(version) is not int or version != PROTOCOL_VERSION:
             raise ProtocolError(f"protocol version {version!r} is not supported; this "
                                 f"gpumemd speaks version {PROTOCOL_VERSION}")
-        client = str(msg.get("args", {}).get("client", ""))[:100]
+        client = str(args.get("client", ""))[:100]
         session = self.manager.open_session(cred, client)
         await framing.asend_frame(conn, {"id": msg.get("id"), "ok": True, "result": {
             "version": PROTOCOL_VERSION, "daemon": f"gpumemd {VERSION}", "pid": os.getpid(),
@@ -214,17 +217,28 @@ class Server:
         return [{**d.to_dict(), "backend": self.manager.backend.name,
                  "ours": ours.get(d.uuid, 0)} for d in self.manager.backend.devices()]
 
+    @staticmethod
+    def _privileged(s: Session) -> bool:
+        return s.cred.is_root or s.cred.uid == os.geteuid()
+
+    def _event_visible(self, s: Session, event: dict) -> bool:
+        """Other users see their own events and daemon-wide ones: paths inside private
+        directories must not leak through the log."""
+        return self._privileged(s) or event["uid"] == s.cred.uid or event["node"] is None
+
     def op_events(self, s: Session, a: dict):
         path = a.get("path")
         events = self.manager.registry.events(
             since=_int(a, "since", 0), limit=min(max(_int(a, "limit", 100), 1), 10_000),
-            path=None if path is None else _str(a, "path"))
+            path=None if path is None else _str(a, "path"),
+            uid=None if self._privileged(s) else s.cred.uid)
         return {"events": events}, []
 
     def op_check(self, s: Session, a: dict):
         repair = _bool(a, "repair")
-        if repair and not s.cred.is_root and s.cred.uid != os.geteuid():
-            raise UsageError("only root or the daemon's user may repair")
+        if repair and not self._privileged(s):
+            raise PermissionDenied("permission denied: only root or the daemon's user may "
+                                   "repair")
         return Checker(self.manager).run(repair=repair), []
 
     async def _follow_events(self, conn, session: Session, rid, args: dict) -> None:
@@ -232,6 +246,8 @@ class Server:
         send, receive = trio.open_memory_channel(EVENT_QUEUE)
 
         def deliver(event: dict) -> None:
+            if not self._event_visible(session, event):
+                return
             try:
                 send.send_nowait(event)
             except trio.WouldBlock:       # a reader this slow gets cut off, not buffered

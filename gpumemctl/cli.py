@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from typing import Annotated, Optional
 
@@ -76,14 +77,10 @@ def command(*names, **kwargs):
 
 
 def parse_mode(text: str) -> int:
-    try:
-        mode = int(text, 8)
-    except ValueError:
-        raise UsageError(f"invalid mode {text!r}: expected octal permission bits such as "
-                         "0640") from None
-    if not 0 <= mode <= 0o7777:
-        raise UsageError(f"invalid mode {text!r}: expected octal 0000-7777")
-    return mode
+    if not re.fullmatch(r"[0-7]{1,4}", text):
+        raise UsageError(f"invalid mode {text!r}: expected octal permission bits 0000-7777, "
+                         "such as 0640")
+    return int(text, 8)
 
 
 def parse_offset(text: str, what: str = "offset") -> int:

@@ -84,9 +84,11 @@ class Client:
         self._lock = threading.Lock()
         self._next_id = 0
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self.sock.settimeout(timeout)
         try:
+            # Connect blocking: with a timeout set, a full listen backlog makes connect() fail
+            # with EAGAIN, which would read as "not running" during a burst of clients.
             self.sock.connect(self.socket_path)
+            self.sock.settimeout(timeout)
         except OSError as exc:
             self.sock.close()
             reason = {errno.ENOENT: "no such socket", errno.ECONNREFUSED: "connection refused",

@@ -67,6 +67,9 @@ class HostBackend(Backend):
         self.check_free(dev, capacity)
         fd = os.memfd_create(f"gpumem:{label}"[:249], os.MFD_CLOEXEC)
         try:
+            # A memfd's inode is mode 0777: without this, a client given a read-only fd could
+            # reopen /proc/self/fd/N read-write. Only the daemon's uid may reopen it.
+            os.fchmod(fd, 0o600)
             os.ftruncate(fd, capacity)
         except OSError:
             os.close(fd)

@@ -58,7 +58,7 @@ def parse_header(header: bytes, max_bytes: int) -> tuple[int, int]:
 def decode_payload(payload: bytes) -> dict:
     try:
         message = json.loads(payload.decode("utf-8", "surrogateescape"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError(f"frame payload is not JSON: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolError("frame payload must be a JSON object")

@@ -18,10 +18,12 @@ import json
 import os
 import random
 import socket
+import threading
 import time
 
 import pytest
 
+from gpumemctl import Client
 from gpumemctl.protocol import PROTOCOL_VERSION, framing
 from tests.conftest import wait_for
 
@@ -30,13 +32,23 @@ HELLO = {"id": 1, "op": "hello", "args": {"version": PROTOCOL_VERSION}}
 USAGE = 2
 
 
-# ---- helpers ------------------------------------------------------------------------------
+# ---- helpers ---------------------------------------------------------------------------------
 
 def raw(daemon, timeout: float = 10.0) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(daemon.socket)
-    return s
+    """A connected socket. A connect with a timeout is non-blocking underneath, and a Unix
+    socket answers EAGAIN (not EINPROGRESS) while the listen backlog is full: retry then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(daemon.socket)
+            return s
+        except BlockingIOError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def frame(payload: bytes | dict, *, nfds: int = 0, length: int | None = None,
@@ -158,7 +170,7 @@ def wait_fds_back(daemon, baseline: int) -> None:
                              f"{sorted(fd_targets(pid))}") from None
 
 
-# ---- garbage and truncation -----------------------------------------------------------------
+# ---- garbage and truncation ------------------------------------------------------------------
 
 def test_http_request_instead_of_a_frame(daemon):
     s = raw(daemon)
@@ -245,7 +257,7 @@ def test_slow_loris_does_not_block_others(daemon):
     assert_serving(daemon)
 
 
-# ---- size limits ------------------------------------------------------------------------------
+# ---- size limits -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("length", [2**31, 2**32 - 1, framing.MAX_REQUEST_BYTES + 1])
 @pytest.mark.parametrize("after_hello", [False, True], ids=["before-hello", "after-hello"])
@@ -281,7 +293,7 @@ def test_largest_allowed_request_is_read_and_answered(daemon):
     assert_serving(daemon)
 
 
-# ---- file descriptors --------------------------------------------------------------------------
+# ---- file descriptors ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("declared", [framing.MAX_FDS_PER_FRAME + 1, 0xFFFF])
 def test_header_declaring_too_many_fds(daemon, declared):
@@ -420,7 +432,7 @@ def test_fds_riding_on_payload_bytes_are_not_kept(daemon, tmp_path):
     assert bait not in fd_targets(pid)
 
 
-# ---- payloads that are not requests -----------------------------------------------------------
+# ---- payloads that are not requests ----------------------------------------------------------
 
 @pytest.mark.parametrize("after_hello", [False, True], ids=["before-hello", "after-hello"])
 @pytest.mark.parametrize("payload,expect", [
@@ -460,7 +472,7 @@ def test_deeply_nested_json_is_a_usage_error(daemon, after_hello, payload):
     only_error(frames)
 
 
-# ---- the handshake ---------------------------------------------------------------------------------
+# ---- the handshake ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op,args", [("ls", {}), ("create", {"path": "x", "size": 4096}),
                                      ("status", {})])
@@ -510,7 +522,7 @@ def test_second_hello_on_a_connection(daemon):
     assert_serving(daemon)
 
 
-# ---- bad requests in good frames: answered, connection kept -------------------------------------
+# ---- bad requests in good frames: answered, connection kept ----------------------------------
 
 @pytest.mark.parametrize("msg", [
     {"id": 5, "op": "frobnicate", "args": {}},
@@ -558,7 +570,7 @@ def test_request_ids_are_echoed_whatever_their_type(daemon):
     assert_serving(daemon)
 
 
-# ---- many connections ---------------------------------------------------------------------------
+# ---- many connections ------------------------------------------------------------------------
 
 def test_many_concurrent_connections_opened_and_dropped(daemon):
     """200 connections at once: some silent, some mid-hello, most with a session (and some of
@@ -616,3 +628,36 @@ def test_many_concurrent_connections_opened_and_dropped(daemon):
     wait_fds_back(daemon, baseline)
     with daemon.client() as c:
         assert c.read("shared", 0, 12) == b"shared-bytes"
+
+
+def test_burst_of_clients_all_connect(daemon):
+    """300 Clients connecting at the same moment all get through. A Unix socket's connect()
+    fails EAGAIN while the daemon's listen backlog is full, and Client connects with a
+    timeout (non-blocking underneath): that must be retried, not reported as NotRunning
+    ("daemon not running", exit 3) while the daemon is plainly running."""
+    n = 300
+    barrier = threading.Barrier(n)
+    clients, errors, lock = [], [], threading.Lock()
+
+    def connect():
+        barrier.wait()
+        try:
+            c = Client(daemon.socket, timeout=30)
+            with lock:
+                clients.append(c)
+        except Exception as exc:     # noqa: BLE001 - collected and asserted below
+            with lock:
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=connect) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert errors == [], f"{len(errors)} of {n} connects failed, e.g. {errors[0]}"
+        assert len(clients) == n
+    finally:
+        for c in clients:
+            c.close()
+    assert_serving(daemon)
