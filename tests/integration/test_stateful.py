@@ -26,10 +26,11 @@ directly (fixtures do not mix with Hypothesis' per-example lifecycle) and torn d
 """
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule)
 
@@ -232,8 +233,16 @@ class AllocationLifecycle(RuleBasedStateMachine):
         assert "Traceback" not in log and " ERROR: " not in log, log[-4000:]
 
 
+# Shrinking replays the machine hundreds of times, each with daemon starts and restarts: it
+# would take minutes (past pytest's 300 s timeout). A failure is reported unshrunk, as the
+# full step sequence; set GPUMEMCTL_TEST_SHRINK=1 to shrink it while debugging (and run with
+# `-p no:timeout` or `--timeout 0`). A failing example is stored in .hypothesis/ and replayed
+# first on the next run.
+PHASES = tuple(Phase) if os.environ.get("GPUMEMCTL_TEST_SHRINK") else \
+    tuple(p for p in Phase if p is not Phase.shrink)
+
 TestAllocationLifecycle = AllocationLifecycle.TestCase
 TestAllocationLifecycle.settings = settings(
-    max_examples=15, stateful_step_count=25, deadline=None,
+    max_examples=15, stateful_step_count=25, deadline=None, phases=PHASES,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
