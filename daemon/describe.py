@@ -28,7 +28,7 @@ def describe(node: Node, *, holders: bool = False) -> dict:
         "type": "allocation", **common, "size": node.size, "capacity": node.capacity,
         "device": node.device, "durable": node.durable, "state": node.state,
         "ecc": node.ecc, "parity_generation": node.parity_gen, "checksum": node.checksum,
-        "refcount": node.refcount, "leased": node.leased,
+        "refcount": node.refcount, "leased": node.leased, "unsealed": node.unsealed,
     }
     if holders:
         info["holders"] = [h.to_dict() for h in node.holders.values()]

@@ -22,7 +22,7 @@ from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_
 from gpumemctl.protocol.sizes import parse_size
 
 from . import systemd
-from .backends import open_backend
+from .backends import BackendUnavailable, choose_backend
 from .keeper_link import KeeperGone, open_keeper
 from .manager import AllocationManager
 from .registry import Registry
@@ -137,12 +137,12 @@ def _main(args) -> int:
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     lock_fd = lock_state_dir(state_dir)
     claim_socket(socket_path)
-    if args.backend == "cuda":
-        raise StartupError("the cuda backend is not built yet; use --backend host")
     limit = parse_size(args.host_capacity) if args.host_capacity else None
-    backend = open_backend(args.backend, limit=limit)
-    log.info("backend %s chosen (%s)", backend.name,
-             "requested" if args.backend != "auto" else "auto: no usable CUDA device")
+    try:
+        backend, why = choose_backend(args.backend, limit=limit)
+    except BackendUnavailable as exc:
+        raise StartupError(f"--backend {args.backend}: {exc}") from None
+    log.info("backend %s chosen (%s)", backend.name, why)
     registry = Registry(os.path.join(state_dir, "registry.sqlite"))
     keeper = open_keeper(state_dir)
     manager = AllocationManager(registry, backend, keeper)

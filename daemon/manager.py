@@ -41,7 +41,11 @@ log = logging.getLogger("gpumemd")
 DEFAULT_FILE_MODE = 0o600   # allocations are private unless asked otherwise
 DEFAULT_DIR_MODE = 0o755
 ECC_MODES = ("rs", "none")
-IO_KINDS = ("read", "write")
+# Holders that take part in "one writer or many readers": handles opened for I/O, and clients
+# that mapped the memory (attach). Leases do not lock.
+IO_KINDS = ("read", "write", "attach-r", "attach-w")
+WRITER_KINDS = ("write", "attach-w")
+ATTACH_KINDS = {"r": "attach-r", "rw": "attach-w"}
 DAEMON = Credentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 
 
@@ -372,6 +376,7 @@ class AllocationManager:
         require(parent, cred, W | X, "create entries in")
         dev = self.backend.device(device)
         capacity = round_up(size, dev.granularity)
+        self.backend.check_free(dev, capacity, requested=size)
         buf = self.backend.allocate(capacity, dev.uuid, label="/".join(parts))
         try:
             with self._change(durable=durable):
@@ -518,19 +523,87 @@ class AllocationManager:
     def open(self, path: str, cred: Credentials, session: Session, mode: str):
         """Open for I/O by fd passing. Returns (holder, fd, info). One writer or many
         readers: a conflicting request is busy."""
+        alloc, holder, fd = self._lock_and_export(path, cred, session, mode,
+                                                  {"r": "read", "rw": "write"}, "open")
+        return holder, fd, describe(alloc)
+
+    def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,
+                         kinds: dict, what: str):
+        """The shared part of open and attach: permission, memory present, one writer or
+        many readers; then a new fd for the memory and a holder of kinds[mode]."""
         if mode not in ("r", "rw"):
-            raise UsageError(f"invalid open mode {mode!r}: expected 'r' or 'rw'")
+            raise UsageError(f"invalid {what} mode {mode!r}: expected 'r' or 'rw'")
         alloc = self.lookup_allocation(path, cred)
         writable = mode == "rw"
         require(alloc, cred, R | W if writable else R)
         self._require_memory(alloc)
-        conflicting = alloc.holders_of(*IO_KINDS) if writable else alloc.holders_of("write")
+        conflicting = alloc.holders_of(*(IO_KINDS if writable else WRITER_KINDS))
         if conflicting:
             raise Busy(f"'{alloc.path}' is locked: " + ", ".join(
                 f"{h.kind} by pid {h.pid}" for h in conflicting))
         fd = self.backend.export(alloc.buffer, writable)
-        holder = self._add_holder(alloc, session, "write" if writable else "read")
-        return holder, fd, describe(alloc)
+        try:
+            holder = self._add_holder(alloc, session, kinds[mode])
+        except BaseException:
+            os.close(fd)
+            raise
+        return alloc, holder, fd
+
+    # ---- attach: clients that map the memory into their own address space ----------------
+    def attach(self, path: str, cred: Credentials, session: Session, mode: str):
+        """Like open, for a client that maps the memory and keeps it mapped (attach-r /
+        attach-w holders). Read-write makes the allocation `unsealed` until the writer
+        detaches or seals: its parity (ECC) cannot follow writes it does not see."""
+        alloc, holder, fd = self._lock_and_export(path, cred, session, mode, ATTACH_KINDS,
+                                                  "attach")
+        if mode == "rw":
+            alloc.unsealed = True
+        return holder, fd, describe(alloc, holders=True)
+
+    def detach(self, session: Session, holder_id: int) -> dict:
+        """The client unmapped: release its holder; a writer's detach seals."""
+        holder = session.holders.get(holder_id)
+        if holder is None or holder.kind not in ATTACH_KINDS.values():
+            raise NotFound(f"no attachment {holder_id} in this session")
+        alloc = holder.alloc
+        if holder.kind == "attach-w" and not alloc.unlinked:
+            self._seal(alloc, session.cred, "detach")
+        self._remove_holder(holder)
+        return describe(alloc)
+
+    def seal(self, path: str, cred: Credentials, session: Session) -> dict:
+        """Declare the data written by an attached writer complete. The writer itself may
+        seal while attached; anyone with write permission may seal an allocation whose
+        writer is gone (it crashed: the allocation stays unsealed until then)."""
+        alloc = self.lookup_allocation(path, cred)
+        require(alloc, cred, R | W)
+        others = [h for h in alloc.holders_of(*WRITER_KINDS) if h.session is not session]
+        if others:
+            raise Busy(f"'{alloc.path}' is being written ({others[0].kind} by pid "
+                       f"{others[0].pid}); only that writer may seal it now")
+        self._seal(alloc, cred, "seal")
+        return describe(alloc, holders=True)
+
+    def _seal(self, alloc: Allocation, cred: Credentials, reason: str) -> None:
+        """Record that an attached writer's data is complete. (Once ECC exists, this is where
+        parity is recomputed.)"""
+        was = alloc.unsealed
+        alloc.unsealed = False
+        if was:
+            with self._change(durable=False):
+                alloc.modified_ns = alloc.changed_ns = time.time_ns()
+                self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
+                                          changed_ns=alloc.changed_ns)
+                self._event("seal", alloc, cred, reason=reason)
+
+    def export_dmabuf(self, path: str, cred: Credentials) -> tuple[int, dict]:
+        """A dma-buf fd of the whole capacity, for RDMA registration. A NIC may read and
+        write it, so it needs read and write permission. It is not a holder: it bypasses
+        the one-writer lock, like any RDMA registration (docs/cuda.md)."""
+        alloc = self.lookup_allocation(path, cred)
+        require(alloc, cred, R | W)
+        self._require_memory(alloc)
+        return self.backend.export_dmabuf(alloc.buffer), describe(alloc)
 
     @staticmethod
     def _require_memory(alloc: Allocation) -> None:
@@ -542,7 +615,7 @@ class AllocationManager:
 
     def close_handle(self, session: Session, holder_id: int, *, written: dict | None = None):
         holder = session.holders.get(holder_id)
-        if holder is None or holder.kind not in IO_KINDS:
+        if holder is None or holder.kind not in ("read", "write"):
             raise NotFound(f"no open handle {holder_id} in this session")
         alloc = holder.alloc
         if written and holder.kind == "write" and not alloc.unlinked:
@@ -591,10 +664,16 @@ class AllocationManager:
         return session
 
     def close_session(self, session: Session) -> None:
-        """The connection ended (closed, or its process died): release what it held."""
+        """The connection ended (closed, or its process died): release what it held. An
+        attached writer that did not detach leaves its allocation unsealed."""
         session.closed = True
         self.sessions.pop(session.id, None)
         for holder in list(session.holders.values()):
+            if holder.kind == "attach-w" and holder.alloc.unsealed and \
+                    not holder.alloc.unlinked:
+                with self._change(durable=False):
+                    self._event("unsealed", holder.alloc, session.cred,
+                                reason="the attached writer's session ended without detach")
             self._remove_holder(holder)
 
     # =====================================================================================

@@ -16,7 +16,7 @@ STATES = ("pending", "ready", "degraded", "lost", "recovering")
 class Holder:
     """Something keeping an allocation alive: a lease, an open read or write handle."""
     id: int
-    kind: str            # 'lease' | 'read' | 'write'
+    kind: str            # 'lease' | 'read' | 'write' | 'attach-r' | 'attach-w'
     session: Any         # the daemon.sessions.Session it belongs to
     alloc: "Allocation"
     pid: int
@@ -78,6 +78,8 @@ class Allocation(Node):
     unlinked: bool = False           # removed from the namespace, freed with its last holder
     leased: bool = False             # transient made with a session lease: freed with its
                                      # last holder
+    unsealed: bool = False           # attached read-write and not yet sealed (in memory only:
+                                     # a restart forgets it)
 
     @property
     def st_mode(self) -> int:

@@ -59,7 +59,7 @@ def create_tables(db: sqlite3.Connection) -> None:
         id        INTEGER PRIMARY KEY,  -- holder id, unique within one daemon run
         node      INTEGER NOT NULL,     -- nodes.id
         session   INTEGER NOT NULL,     -- connection id within the daemon run
-        kind      TEXT NOT NULL,        -- 'lease', 'read', 'write'
+        kind      TEXT NOT NULL,        -- 'lease', 'read', 'write', 'attach-r', 'attach-w'
         pid       INTEGER NOT NULL,     -- peer pid (SO_PEERCRED)
         uid       INTEGER NOT NULL,     -- peer uid
         since_ns  INTEGER NOT NULL

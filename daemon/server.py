@@ -9,6 +9,7 @@ See docs/protocol.md.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
@@ -20,6 +21,7 @@ import trio
 from gpumemctl.protocol import (PROTOCOL_VERSION, GpumemError, InternalError,
                                 PermissionDenied, ProtocolError, UsageError, framing)
 
+from . import nvml
 from .check import Checker
 from .manager import AllocationManager
 from .permissions import Credentials, supplementary_groups
@@ -138,7 +140,10 @@ class Server:
             handler = getattr(self, "op_" + op, None)
             if handler is None:
                 raise UsageError(f"unknown request {op!r}")
-            result, out_fds = handler(session, args)
+            reply = handler(session, args)
+            if inspect.isawaitable(reply):   # ops that wait on a worker thread (NVML)
+                reply = await reply
+            result, out_fds = reply
         except GpumemError as exc:
             await framing.asend_frame(conn, {"id": rid, "ok": False, "error": exc.to_wire()})
             return True
@@ -184,7 +189,22 @@ class Server:
 
     def op_open(self, s: Session, a: dict):
         holder, fd, info = self.manager.open(_str(a, "path"), s.cred, s, _str(a, "mode", "r"))
-        return {"handle": holder.id, "info": info}, [fd]
+        return {"handle": holder.id, "info": info, "backend": self.manager.backend.name}, [fd]
+
+    def op_attach(self, s: Session, a: dict):
+        holder, fd, info = self.manager.attach(_str(a, "path"), s.cred, s,
+                                               _str(a, "mode", "r"))
+        return {"handle": holder.id, "info": info, "backend": self.manager.backend.name}, [fd]
+
+    def op_detach(self, s: Session, a: dict):
+        return {"info": self.manager.detach(s, _int(a, "handle"))}, []
+
+    def op_seal(self, s: Session, a: dict):
+        return self.manager.seal(_str(a, "path"), s.cred, s), []
+
+    def op_export_dmabuf(self, s: Session, a: dict):
+        fd, info = self.manager.export_dmabuf(_str(a, "path"), s.cred)
+        return {"info": info, "offset": 0, "size": info["capacity"]}, [fd]
 
     def op_close(self, s: Session, a: dict):
         written = a.get("written")
@@ -193,29 +213,40 @@ class Server:
         self.manager.close_handle(s, _int(a, "handle"), written=written)
         return {}, []
 
-    def op_status(self, s: Session, a: dict):
+    async def op_status(self, s: Session, a: dict):
         m = self.manager
+        devices = await self._devices()
         return {
             "daemon": {**self.info, "pid": os.getpid(), "version": VERSION,
                        "uptime_s": round(time.time() - self.started, 3),
                        "backend": m.backend.name},
             "keeper": m.keeper.info(),
-            "devices": self._devices(),
+            "devices": devices,
             "totals": m.totals(),
             "scrub": {"state": "unavailable",
                       "reason": "ECC parity and scrubbing are not built yet"},
         }, []
 
-    def op_devices(self, s: Session, a: dict):
-        return {"devices": self._devices()}, []
+    async def op_devices(self, s: Session, a: dict):
+        return {"devices": await self._devices()}, []
 
-    def _devices(self) -> list[dict]:
+    async def _devices(self) -> list[dict]:
+        """The backend's devices, the bytes our allocations hold on each, and NVML telemetry
+        (docs/telemetry.md). The NVML snapshot is taken on a worker thread: a slow driver
+        never stalls the socket server."""
         ours: dict[str, int] = {}
         for alloc in self.manager.allocations():
             if alloc.buffer is not None:
                 ours[alloc.device] = ours.get(alloc.device, 0) + alloc.capacity
-        return [{**d.to_dict(), "backend": self.manager.backend.name,
-                 "ours": ours.get(d.uuid, 0)} for d in self.manager.backend.devices()]
+        backend = self.manager.backend.name
+        devices = [{**d.to_dict(), "backend": backend, "ours": ours.get(d.uuid, 0)}
+                   for d in self.manager.backend.devices()]
+        if backend == "host":          # memfd memory: there is no GPU to ask about
+            return [{**d, **nvml.unavailable_fields("the host backend has no GPU")}
+                    for d in devices]
+        # abandon_on_cancel: a driver call that hangs must not hold up the daemon's stop.
+        snap = await trio.to_thread.run_sync(nvml.snapshot, abandon_on_cancel=True)
+        return [{**d, **snap.fields_for(d["uuid"])} for d in devices]
 
     @staticmethod
     def _privileged(s: Session) -> bool:

@@ -1,16 +1,23 @@
 """gpumemctl: durable GPU memory, from the shell and from Python.
 
-`Client` talks to gpumemd over its Unix socket. Imports stay lazy so that `gpumemctl ls`
+`Client` talks to gpumemd over its Unix socket; `attach(name, mode)` maps an allocation into
+this process for PyTorch, CuPy or numpy (DLPack). Imports stay lazy so that `gpumemctl ls`
 starts fast and `import gpumemctl.protocol` (used by the daemon) pulls in nothing else.
 """
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["Client", "Handle", "__version__"]
+__all__ = ["Attachment", "Client", "Handle", "attach", "__version__"]
 
 
 def __getattr__(name: str):
     if name in ("Client", "Handle"):
         from . import client
         return getattr(client, name)
+    if name in ("attach", "Attachment"):
+        # The submodule gpumemctl.attach and the function attach() share a name: the module
+        # is callable (it calls the function), so whichever binding wins, both uses work.
+        import importlib
+        module = importlib.import_module(__name__ + ".attach")
+        return module if name == "attach" else module.Attachment
     raise AttributeError(f"module 'gpumemctl' has no attribute {name!r}")

@@ -282,24 +282,93 @@ def status(json_: JsonOpt = False):
     for dev in s["devices"]:
         output.data(f"device {dev['index']}: {dev['name']} {dev['uuid']}: "
                     f"{format_size(dev['ours'])} ours, {format_size(dev['free'])} free of "
-                    f"{format_size(dev['total'])}")
+                    f"{format_size(dev['total'])}; {_telemetry_summary(dev)}")
     states = ", ".join(f"{n} {st}" for st, n in sorted(t["by_state"].items())) or "none"
     output.data(f"totals:   {t['allocations']} allocations ({states}), {t['durable']} durable, "
                 f"{format_size(t['size'])} in use, {t['sessions']} sessions")
     output.data(f"scrub:    {s['scrub']['state']}")
 
 
+# ---- GPU telemetry (fields: docs/telemetry.md; None is shown as n/a) ----------------------
+def _na(value, template: str = "{}") -> str:
+    return "n/a" if value is None else template.format(value)
+
+
+def _yes_no(value) -> str:
+    return "n/a" if value is None else ("YES" if value else "no")
+
+
+def _memory(d: dict) -> str:
+    """NVML's view (every process on the GPU) where there is one, else the backend's."""
+    if d.get("memory_used") is not None and d.get("memory_total") is not None:
+        return f"{format_size(d['memory_used'])}/{format_size(d['memory_total'])}"
+    return f"{format_size(d['total'] - d['free'])}/{format_size(d['total'])}"
+
+
+def _power(d: dict) -> str:
+    if d.get("power_w") is None:
+        return "n/a"
+    return f"{d['power_w']:.0f}/{_na(d.get('power_limit_w'), '{:.0f}')}W"
+
+
+def _ecc_mode(d: dict) -> str:
+    now, pending = d.get("ecc_enabled"), d.get("ecc_enabled_pending")
+    if now is None:
+        return "n/a"
+    text = "on" if now else "off"
+    if pending is not None and pending != now:
+        text += "->" + ("on" if pending else "off") + " at reset"
+    return text
+
+
+def _uncorrected(d: dict) -> str:
+    vol, agg = d.get("ecc_volatile_uncorrected"), d.get("ecc_aggregate_uncorrected")
+    return "n/a" if vol is None and agg is None else f"{_na(vol)}/{_na(agg)}"
+
+
+def _remap(d: dict) -> str:
+    pending, failure = d.get("remapped_pending"), d.get("remapped_failure")
+    return "n/a" if pending is None and failure is None else \
+        f"{_yes_no(pending)}/{_yes_no(failure)}"
+
+
+def _pcie(d: dict) -> str:
+    if d.get("pcie_gen") is None and d.get("pcie_width") is None:
+        return "n/a"
+    return f"gen{_na(d.get('pcie_gen'))} x{_na(d.get('pcie_width'))}"
+
+
+def _telemetry_summary(d: dict) -> str:
+    """The essentials of one GPU on one line (for `status`)."""
+    if d.get("telemetry") != "nvml":
+        return f"telemetry {d.get('telemetry') or 'unavailable'}"
+    return (f"util {_na(d.get('utilization_gpu'), '{}%')}, "
+            f"{_na(d.get('temperature_c'), '{}C')}, {_power(d)}, ECC {_ecc_mode(d)} "
+            f"(uncorrected volatile/aggregate {_uncorrected(d)}), remapped rows "
+            f"pending/failure {_remap(d)}, PCIe {_pcie(d)}")
+
+
 @command("devices")
 def devices(json_: JsonOpt = False):
-    """Devices of the daemon's backend."""
+    """Devices of the daemon's backend with NVML telemetry (n/a: NVML cannot say).
+
+    UNCORR: uncorrected ECC errors, volatile/aggregate. REMAP: remapped rows pending/failure.
+
+    --json prints every field (docs/telemetry.md)."""
     with connect() as c:
         devs = c.devices()
     if want_json(json_):
         output.emit_json(devs)
         return
-    output.table([[str(d["index"]), d["name"], d["uuid"], format_size(d["total"]),
-                   format_size(d["free"]), format_size(d["ours"])] for d in devs],
-                 ["INDEX", "NAME", "UUID", "TOTAL", "FREE", "OURS"], right={3, 4, 5})
+    output.table([[str(d["index"]), d["name"], d["uuid"][:12], _memory(d),
+                   format_size(d["ours"]), _na(d.get("utilization_gpu"), "{}%"),
+                   _na(d.get("temperature_c"), "{}C"), _power(d), _ecc_mode(d),
+                   _uncorrected(d), _remap(d), _pcie(d)] for d in devs],
+                 ["INDEX", "NAME", "UUID", "MEMORY", "OURS", "UTIL", "TEMP", "POWER", "ECC",
+                  "UNCORR", "REMAP", "PCIE"], right={3, 4, 5, 6, 7})
+    for d in devs:
+        if d.get("telemetry") != "nvml":
+            output.note(f"device {d['index']}: telemetry {d.get('telemetry') or 'unavailable'}")
 
 
 def _event_line(e: dict) -> str:
@@ -362,6 +431,27 @@ def check(repair: Annotated[bool, typer.Option("--repair", help="Fix what can be
     if result["clean"]:
         return OK
     return REPAIRED if all(p["repaired"] for p in result["problems"]) else INVALID_STATE
+
+
+@command("doctor")
+def doctor(state_dir: Annotated[Optional[str], typer.Option(
+               "--state-dir", help="State directory to check (default: the running daemon's, "
+               "else the default).")] = None,
+           json_: JsonOpt = False):
+    """Check this machine: driver, CUDA, VMM/POSIX-fd/dma-buf per GPU, FUSE, socket...
+
+    Also Python packages and permissions. One line per check: ok, warn or fail, with a hint.
+
+    Exit status: 0 all ok; 1 at worst a warning (e.g. no GPU: host backend); 10 a failure."""
+    from . import doctor as diagnosis
+    from .protocol import default_socket
+    checks = diagnosis.run(Settings.socket or default_socket(), state_dir)
+    if want_json(json_):
+        output.emit_json(diagnosis.report(checks))
+    else:
+        for check in checks:
+            output.data(check.line())
+    return diagnosis.exit_status(checks)
 
 
 def main() -> None:

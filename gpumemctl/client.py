@@ -5,34 +5,32 @@ connection is also the session: a transient allocation created with `lease=True`
 when the session ends, whether the Client is closed or its process dies.
 
 Data moves through passed fds, never through JSON: `open()` receives the allocation's fd and
-the client maps it (host backend: a memfd; read-only opens get a read-only fd).
+the client maps it (gpumemctl.memory): on the host backend a memfd, mapped with mmap (read-only
+opens get a read-only fd); on the cuda backend an exported CUDA allocation, imported and
+mapped into this process's CUDA context (read-only access for read-only opens) and copied
+through pinned staging buffers. CUDA is imported only in the second case.
 """
 from __future__ import annotations
 
 import errno
-import mmap
-import os
 import socket
 import threading
 from typing import BinaryIO, Callable, Iterator
 
+from .memory import open_memory
 from .protocol import (PROTOCOL_VERSION, NotRunning, ProtocolError, UsageError,
                        default_socket, error_from_wire, framing, parse_size)
-
-CHUNK = 8 << 20
 
 
 class Handle:
     """An open allocation: a mapping of its memory and the daemon's lock on it."""
 
-    def __init__(self, client: "Client", handle_id: int, fd: int, info: dict, writable: bool):
+    def __init__(self, client: "Client", handle_id: int, fd: int, info: dict, writable: bool,
+                 backend: str = "host"):
         self.client, self.id, self.info, self.writable = client, handle_id, info, writable
-        self.size = info["size"]
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        try:
-            self.map = mmap.mmap(fd, info["capacity"], mmap.MAP_SHARED, prot)
-        finally:
-            os.close(fd)
+        self.size, self.backend = info["size"], backend
+        self.memory = open_memory(backend, fd, info, writable)
+        self.map = getattr(self.memory, "map", None)     # the mmap, on the host backend
         self._written: dict | None = None
 
     def _check_range(self, offset: int, length: int) -> None:
@@ -43,11 +41,11 @@ class Handle:
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
         length = self.size - offset if length is None else length
         self._check_range(offset, length)
-        return self.map[offset:offset + length]
+        return self.memory.read(offset, length)
 
     def write(self, data, offset: int = 0) -> None:
         self._check_range(offset, len(data))
-        self.map[offset:offset + len(data)] = data
+        self.memory.write(offset, data)
         self._note_write(offset, len(data))
 
     def _note_write(self, offset: int, length: int) -> None:
@@ -58,17 +56,17 @@ class Handle:
             self._written["end"] = max(self._written["end"], offset + length)
 
     def close(self) -> None:
-        if self.map is None:
+        if self.memory is None:
             return
-        if self.writable:
-            self.map.flush()
-        self.map.close()
-        self.map = None
+        memory, self.memory, self.map = self.memory, None, None
         written = None
         if self._written:
             written = {"offset": self._written["offset"],
                        "bytes": self._written["end"] - self._written["offset"]}
-        self.client.call("close", handle=self.id, written=written)
+        try:
+            memory.close()
+        finally:                 # the lock goes even if unmapping failed
+            self.client.call("close", handle=self.id, written=written)
 
     def __enter__(self):
         return self
@@ -158,7 +156,13 @@ class Client:
         if len(fds) != 1:
             framing.close_fds(fds)
             raise ProtocolError(f"'open' answered with {len(fds)} fds, expected 1")
-        return Handle(self, result["handle"], fds[0], result["info"], mode == "rw")
+        backend = result.get("backend") or self.hello.get("backend", "host")
+        try:
+            return Handle(self, result["handle"], fds[0], result["info"], mode == "rw",
+                          backend)
+        except BaseException:
+            self.call("close", handle=result["handle"], written=None)   # drop the lock
+            raise
 
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         with self.open(path, "r") as h:
@@ -174,14 +178,8 @@ class Client:
         with self.open(path, "r") as h:
             length = h.size - offset if length is None else length
             h._check_range(offset, length)
-            done = 0
-            while done < length:
-                n = min(CHUNK, length - done)
-                out.write(memoryview(h.map)[offset + done:offset + done + n])
-                done += n
-                if progress:
-                    progress(done, length)
-            return done
+            return h.memory.read_to(out, offset, length,
+                                    lambda done: progress and progress(done, length))
 
     def write_from(self, path: str, src: BinaryIO, offset: int = 0,
                    progress: Callable[[int, int], None] | None = None,
@@ -191,26 +189,44 @@ class Client:
             if total is not None:
                 h._check_range(offset, total)
             done = 0
-            view = memoryview(h.map)
+
+            def advance(n: int) -> None:
+                nonlocal done
+                done = n
+                if progress:
+                    progress(done, total or 0)
+
             try:
-                while True:
-                    limit = h.size - offset - done
-                    chunk = src.read(min(CHUNK, limit + 1) if limit >= 0 else 1)
-                    if not chunk:
-                        break
-                    if len(chunk) > limit:
-                        raise UsageError(f"input is larger than '{h.info['path']}' from offset "
-                                         f"{offset} (size {h.size}); nothing past the end "
-                                         "was written")
-                    view[offset + done:offset + done + len(chunk)] = chunk
-                    done += len(chunk)
-                    if progress:
-                        progress(done, total or 0)
+                too_long = h.memory.write_from(src, offset, h.size - offset, advance)
             finally:
-                view.release()
                 if done:
                     h._note_write(offset, done)
+            if too_long:
+                raise UsageError(f"input is larger than '{h.info['path']}' from offset "
+                                 f"{offset} (size {h.size}); nothing past the end was written")
             return done
+
+    # ---- mapping into this process, RDMA ------------------------------------------------
+    def attach(self, path: str, mode: str = "r"):
+        """Map an allocation into this process (see gpumemctl.attach); the attachment
+        belongs to this connection's session."""
+        from .attach import attach
+        return attach(path, mode, client=self)
+
+    def seal(self, path: str) -> dict:
+        """Declare the data written by an attached writer complete (clears `unsealed`)."""
+        return self.call("seal", path=path)
+
+    def export_dmabuf(self, path: str) -> int:
+        """A dma-buf fd covering the allocation's capacity, for RDMA registration (e.g.
+        ibv_reg_dmabuf_mr at offset 0). The caller owns and closes it. Needs read and write
+        permission, the cuda backend and a device with dma-buf support; otherwise
+        InvalidState (exit code 10) says which is missing (docs/cuda.md)."""
+        _result, fds = self.call_fds("export_dmabuf", path=path)
+        if len(fds) != 1:
+            framing.close_fds(fds)
+            raise ProtocolError(f"'export_dmabuf' answered with {len(fds)} fds, expected 1")
+        return fds[0]
 
     # ---- daemon -------------------------------------------------------------------------
     def status(self) -> dict:

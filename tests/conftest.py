@@ -191,3 +191,31 @@ def _no_unexpected_errors_logged(caplog):
            and not getattr(r, "expected", False)]
     if bad:
         pytest.fail("unexpected errors logged: " + "; ".join(r.getMessage() for r in bad))
+
+
+# ---- GPU tests (-m gpu): skipped with one reason where no GPU can serve them ----------------
+GPU_SKIP_REASON = "no NVIDIA GPU with VMM support here"
+_gpu_probe: dict = {}
+
+
+def usable_gpus() -> int:
+    """How many CUDA devices gpumemd's cuda backend could use (VMM + POSIX-fd handles).
+    Probed once, in a subprocess: the test process itself never loads CUDA for this, and a
+    machine without cuda-python or a driver simply answers 0."""
+    if "count" not in _gpu_probe:
+        code = "from gpumemctl import cudadrv; print(len(cudadrv.usable_devices()))"
+        try:
+            proc = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True,
+                                  env=_env(), timeout=120)
+            _gpu_probe["count"] = int(proc.stdout.strip()) if proc.returncode == 0 else 0
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            _gpu_probe["count"] = 0
+    return _gpu_probe["count"]
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_items and usable_gpus() == 0:
+        skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+        for item in gpu_items:
+            item.add_marker(skip)

@@ -4,7 +4,11 @@ from __future__ import annotations
 import abc
 import dataclasses
 
-from gpumemctl.protocol import NoMemory, NotFound, format_size
+from gpumemctl.protocol import InvalidState, NoMemory, NotFound, format_size
+
+
+class BackendUnavailable(Exception):
+    """The backend asked for cannot run on this machine; the message says why, in one line."""
 
 
 @dataclasses.dataclass
@@ -44,12 +48,25 @@ class Backend(abc.ABC):
         known = ", ".join(f"{d.index} ({d.uuid})" for d in devices)
         raise NotFound(f"no device {text!r} on the {self.name} backend; devices: {known}")
 
-    def check_free(self, dev: DeviceInfo, capacity: int) -> None:
+    def check_free(self, dev: DeviceInfo, capacity: int, requested: int | None = None) -> None:
         if capacity > dev.free:
-            raise NoMemory(
-                f"out of memory on device {dev.index} ({dev.uuid}): {format_size(dev.free)} "
-                f"({dev.free} bytes) free, {format_size(capacity)} ({capacity} bytes) requested",
-                details={"device": dev.uuid, "free": dev.free, "requested": capacity})
+            raise self.no_memory(dev, capacity, dev.free, requested)
+
+    @staticmethod
+    def no_memory(dev: DeviceInfo, capacity: int, free: int,
+                  requested: int | None = None) -> NoMemory:
+        """The out-of-memory error: names the device, its free bytes and the request (and
+        the capacity it rounds up to, when that differs)."""
+        requested = capacity if requested is None else requested
+        rounded = "" if requested == capacity else \
+            f" (capacity {capacity} bytes at the device's {format_size(dev.granularity)} " \
+            "granularity)"
+        return NoMemory(
+            f"out of memory on device {dev.index} ({dev.uuid}): {format_size(free)} "
+            f"({free} bytes) free, {format_size(requested)} ({requested} bytes) requested"
+            f"{rounded}",
+            details={"device": dev.uuid, "index": dev.index, "free": free,
+                     "requested": requested, "capacity": capacity})
 
     @abc.abstractmethod
     def allocate(self, capacity: int, device: str, label: str) -> Buffer: ...
@@ -74,6 +91,12 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def write(self, buf: Buffer, offset: int, data) -> None: ...
+
+    def export_dmabuf(self, buf: Buffer) -> int:
+        """A dma-buf fd covering the buffer's capacity (for RDMA registration); the caller
+        closes it. Backends or devices without dma-buf raise InvalidState."""
+        raise InvalidState(f"dma-buf export needs the cuda backend on a device that supports "
+                           f"it; this gpumemd runs the {self.name} backend (docs/cuda.md)")
 
     def close(self) -> None:
         """Release backend-wide resources at daemon stop."""

@@ -1,0 +1,246 @@
+"""The cuda backend: VMM allocations on NVIDIA GPUs, shared by POSIX file descriptor.
+
+- allocate: cuMemCreate (pinned device memory, POSIX-fd handle type) on one device, chosen by
+  index or UUID; the manager has already rounded the capacity to DeviceInfo.granularity, the
+  driver's real granularity. Out of memory becomes NoMemory naming the device, its free bytes
+  (cuMemGetInfo) and the request.
+- export / keeper_fds: a dup of the buffer's one shareable fd. That fd is exported once, at
+  allocation (cuMemExportToShareableHandle), or is the very fd the memory was imported from
+  after a restart: the driver refuses to export a handle that was itself imported
+  (CUDA_ERROR_INVALID_VALUE, seen on an H100 with driver 580), and a dup costs microseconds
+  where an export costs ~650 us. The fd carries no
+  access mode, so, unlike the host backend's O_RDONLY memfd, it cannot make a reader
+  read-only: a read-only client is read-only because *it* maps the memory with
+  cuMemSetAccess(PROT_READ) (gpumemctl.client / gpumemctl.attach; docs/cuda.md).
+- adopt: cuMemImportFromShareableHandle of the keeper's fd, then checks that the memory is on
+  the registry's device and exactly `capacity` bytes before it is used again.
+- The daemon's own I/O (read/write, dma-buf) goes through a mapping of its own, made on first
+  use (creating stays fast), with pinned staging buffers per device.
+All CUDA calls go through gpumemctl.cudadrv.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from gpumemctl import cudadrv
+from gpumemctl.protocol import InvalidState, format_size
+
+from .base import Backend, BackendUnavailable, Buffer, DeviceInfo
+
+log = logging.getLogger("gpumemd")
+STAGING_CHUNK = 16 << 20     # the daemon's own I/O is small; clients bring their own buffers
+
+
+@dataclasses.dataclass(eq=False)
+class CudaBuffer(Buffer):
+    handle: int | None           # cuMemCreate/cuMemImport handle; None once freed
+    capacity: int
+    device: str                  # device UUID (what the registry stores)
+    index: int                   # the device's ordinal in this process
+    share_fd: int = -1           # the POSIX fd clients and the keeper get dups of
+    mapping: cudadrv.Mapping | None = None   # the daemon's read-write mapping, made lazily
+
+
+@dataclasses.dataclass(frozen=True)
+class _Device:
+    index: int
+    uuid: str
+    name: str
+    total: int
+    granularity: int
+
+
+def _describe_unusable(index: int) -> str:
+    support = cudadrv.device_support(index)
+    missing = [what for what, ok in (("VMM", support.vmm), ("POSIX-fd handles",
+                                                            support.posix_fd)) if not ok]
+    return f"device {index} ({cudadrv.device_name(index)}) lacks {' and '.join(missing)}"
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, **_options):
+        try:
+            cudadrv.init()
+            count = cudadrv.device_count()
+            usable = cudadrv.usable_devices()
+            self.skipped = [_describe_unusable(i) for i in range(count) if i not in usable]
+            self._devices = [self._probe(i) for i in usable]
+        except cudadrv.CudaError as exc:
+            raise BackendUnavailable(f"no usable CUDA device: {exc}") from None
+        if not self._devices:
+            raise BackendUnavailable(
+                "no usable CUDA device: " + ("; ".join(self.skipped) or "none visible") +
+                " (gpumemd needs VMM with POSIX-fd handles; see gpumemctl doctor)")
+        self._stagers: dict[int, cudadrv.Stager] = {}
+
+    @staticmethod
+    def _probe(index: int) -> _Device:
+        return _Device(index=index, uuid=cudadrv.device_uuid(index),
+                       name=cudadrv.device_name(index),
+                       total=cudadrv.device_total_memory(index),
+                       granularity=cudadrv.granularity(index))
+
+    def summary(self) -> str:
+        """One line for the start-up log."""
+        used = ", ".join(f"{d.index} {d.name} ({d.uuid}, {format_size(d.total)}, granularity "
+                         f"{format_size(d.granularity)})" for d in self._devices)
+        skipped = f"; not usable: {'; '.join(self.skipped)}" if self.skipped else ""
+        return f"{len(self._devices)} CUDA device(s) with VMM and POSIX-fd handles: " \
+               f"{used}{skipped}"
+
+    # ---- devices -----------------------------------------------------------------------
+    def devices(self) -> list[DeviceInfo]:
+        return [DeviceInfo(index=d.index, uuid=d.uuid, name=d.name, total=d.total,
+                           free=cudadrv.mem_get_info(d.index)[0], granularity=d.granularity)
+                for d in self._devices]
+
+    def _by_uuid(self, uuid: str) -> _Device:
+        for dev in self._devices:
+            if dev.uuid.lower() == str(uuid).lower():
+                return dev
+        raise InvalidState(f"memory of device {uuid}, which is not among this daemon's CUDA "
+                           "devices (another machine, or CUDA_VISIBLE_DEVICES changed)")
+
+    # ---- memory ------------------------------------------------------------------------
+    def allocate(self, capacity: int, device: str, label: str) -> CudaBuffer:
+        dev = self.device(device)
+        self.check_free(dev, capacity)
+        try:
+            handle = cudadrv.mem_create(capacity, dev.index)
+        except cudadrv.CudaOutOfMemory:
+            # cuMemGetInfo said there was room, but the driver disagrees (its own reserve,
+            # another process racing us): same answer as the check above.
+            raise self.no_memory(dev, capacity, cudadrv.mem_get_info(dev.index)[0]) from None
+        buf = CudaBuffer(handle=handle, capacity=capacity, device=dev.uuid, index=dev.index)
+        try:
+            with cudadrv.context(dev.index):
+                buf.share_fd = cudadrv.export_fd(handle)
+        except BaseException:
+            self.free(buf)
+            raise
+        return buf
+
+    def free(self, buf: CudaBuffer) -> None:
+        if buf.handle is None:
+            return
+        if buf.mapping is not None:
+            buf.mapping.close(release_handle=False)
+            buf.mapping = None
+        with cudadrv.context(buf.index):
+            cudadrv.release(buf.handle)
+        buf.handle = None
+        if buf.share_fd >= 0:
+            os.close(buf.share_fd)
+            buf.share_fd = -1
+
+    def export(self, buf: CudaBuffer, writable: bool) -> int:
+        # `writable` cannot be expressed in the fd (see the module docstring).
+        return os.dup(buf.share_fd)
+
+    def keeper_fds(self, buf: CudaBuffer) -> list[int]:
+        return [os.dup(buf.share_fd)]
+
+    def adopt(self, fds: list[int], capacity: int, device: str) -> CudaBuffer:
+        fd, extra = fds[0], fds[1:]
+        for other in extra:
+            os.close(other)
+        try:
+            dev = self._by_uuid(device)
+            with cudadrv.context(dev.index):
+                handle = cudadrv.import_fd(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        # Keep the fd: it is how this memory is shared from now on (module docstring).
+        buf = CudaBuffer(handle=handle, capacity=capacity, device=dev.uuid, index=dev.index,
+                         share_fd=fd)
+        try:
+            self._verify_adopted(buf)
+        except BaseException:
+            self.free(buf)
+            raise
+        return buf
+
+    def _verify_adopted(self, buf: CudaBuffer) -> None:
+        """Kept memory must be on the registry's device and exactly `capacity` bytes."""
+        with cudadrv.context(buf.index):
+            try:
+                actual = cudadrv.handle_device(buf.handle)
+            except cudadrv.CudaError as exc:    # cannot tell: the size checks still run
+                log.warning("cannot read the device of kept memory on %s: %s", buf.device, exc)
+                actual = buf.index
+            if actual != buf.index:
+                raise InvalidState(f"kept memory is on device {actual}, the registry says "
+                                   f"{buf.index} ({buf.device})")
+            if cudadrv.extends_beyond(buf.handle, buf.capacity, buf.index):
+                raise InvalidState(f"kept memory is larger than the registry's capacity "
+                                   f"{buf.capacity}")
+        try:
+            self._mapping(buf)      # mapping all of `capacity` fails if the memory is smaller
+        except cudadrv.CudaInvalidValue:
+            raise InvalidState(f"kept memory is smaller than the registry's capacity "
+                               f"{buf.capacity}") from None
+
+    # ---- the daemon's own I/O ------------------------------------------------------------
+    def _mapping(self, buf: CudaBuffer) -> cudadrv.Mapping:
+        if buf.handle is None:
+            raise InvalidState("the allocation's memory has been freed")
+        if buf.mapping is None:
+            buf.mapping = cudadrv.Mapping(buf.handle, buf.capacity, buf.index, writable=True)
+        return buf.mapping
+
+    def _stager(self, index: int) -> cudadrv.Stager:
+        if index not in self._stagers:
+            self._stagers[index] = cudadrv.Stager(index, chunk=STAGING_CHUNK)
+        return self._stagers[index]
+
+    def read(self, buf: CudaBuffer, offset: int, length: int) -> bytes:
+        out = bytearray(length)
+        sink = memoryview(out)
+        pos = 0
+
+        def drain(view: memoryview) -> None:
+            nonlocal pos
+            sink[pos:pos + len(view)] = view
+            pos += len(view)
+
+        if length:
+            self._stager(buf.index).download(self._mapping(buf).ptr + offset, length, drain)
+        return bytes(out)
+
+    def write(self, buf: CudaBuffer, offset: int, data) -> None:
+        src = memoryview(data).cast("B")
+        pos = 0
+
+        def fill(view: memoryview) -> int:
+            nonlocal pos
+            n = min(len(view), len(src) - pos)
+            view[:n] = src[pos:pos + n]
+            pos += n
+            return n
+
+        if len(src):
+            self._stager(buf.index).upload(self._mapping(buf).ptr + offset, fill, len(src))
+
+    def export_dmabuf(self, buf: CudaBuffer) -> int:
+        if not cudadrv.device_support(buf.index).dma_buf:
+            raise InvalidState(f"device {buf.index} ({buf.device}) does not support dma-buf "
+                               "export (it needs the NVIDIA open kernel modules and Linux "
+                               "5.12 or newer; see docs/cuda.md)")
+        ptr = self._mapping(buf).ptr
+        with cudadrv.context(buf.index):
+            try:
+                return cudadrv.dmabuf_fd(ptr, buf.capacity)
+            except cudadrv.CudaNotSupported as exc:
+                raise InvalidState(f"device {buf.index} ({buf.device}) refused dma-buf "
+                                   f"export: {exc}") from None
+
+    def close(self) -> None:
+        for stager in self._stagers.values():
+            stager.close()
+        self._stagers.clear()
+        cudadrv.release_contexts()

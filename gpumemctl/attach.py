@@ -1,0 +1,234 @@
+"""`gpumemctl.attach(name, mode)`: map an allocation into this process and use it in place.
+
+    with gpumemctl.attach("models/llama", "r") as a:
+        weights = torch.from_dlpack(a)          # or cupy.from_dlpack(a), numpy on the host
+        ...
+
+The daemon passes the allocation's fd (op `attach`) and records a holder `attach-r` or
+`attach-w` in this connection's session: one writer or many readers, as for open handles, and
+a crash of this process ends the session and releases the lock at once.
+
+- cuda backend: the fd is imported (cuMemImportFromShareableHandle) and mapped into the
+  primary context of the allocation's device, which PyTorch and CuPy use too; access is
+  read-only for "r" (cuMemSetAccess PROT_READ: a kernel that stores to it faults).
+  `.ptr` is a device pointer, `.device` the device's ordinal in *this* process (it depends on
+  CUDA_VISIBLE_DEVICES; `.device_uuid` does not).
+- host backend: the memfd is mmap'ed (PROT_READ for "r"), `.ptr` is a host address and the
+  object speaks `__array_interface__` instead of `__cuda_array_interface__`.
+
+Lifetime: every DLPack export is counted, and detach() (or leaving the `with` block) while
+tensors made by from_dlpack are alive only marks the attachment for detaching: the memory
+stays mapped, and the lock held, until the last of them is freed. Views made through
+`__cuda_array_interface__` / `__array_interface__` are not counted: do not use them after
+detach(). A read-write attachment leaves the allocation `unsealed` until detach() or seal().
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import types
+
+from . import dlpack
+from .client import Client
+from .memory import CudaMemory, HostMapping
+from .protocol import NotRunning, ProtocolError, UsageError, framing
+
+
+def attach(name: str, mode: str = "r", socket: str | None = None, *,
+           client: Client | None = None) -> "Attachment":
+    """Map allocation `name` into this process, read-only ("r") or read-write ("rw").
+    Without `client`, the attachment opens (and later closes) its own connection."""
+    own = client is None
+    if own:
+        client = Client(socket, client_name="gpumemctl.attach")
+    try:
+        result, fds = client.call_fds("attach", path=name, mode=mode)
+    except BaseException:
+        if own:
+            client.close()
+        raise
+    try:
+        if len(fds) != 1:
+            framing.close_fds(fds)
+            raise ProtocolError(f"'attach' answered with {len(fds)} fds, expected 1")
+        return Attachment(client, own, result, fds[0], mode)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.call("detach", handle=result["handle"])
+        if own:
+            client.close()
+        raise
+
+
+class Attachment:
+    """An allocation mapped into this process. See the module docstring."""
+
+    def __init__(self, client: Client, own_client: bool, result: dict, fd: int, mode: str):
+        info = result["info"]
+        self.info, self.name, self.mode = info, info["path"], mode
+        self.writable = mode == "rw"
+        self.size, self.capacity, self.device_uuid = info["size"], info["capacity"], \
+            info["device"]
+        self.backend = result.get("backend") or client.hello.get("backend", "host")
+        self._client, self._own_client, self._holder = client, own_client, result["handle"]
+        self._lock = threading.Lock()
+        self._exports = 0
+        self._pending = False          # detach() asked while DLPack exports were alive
+        self._detached = False
+        if self.backend == "cuda":
+            self._memory = CudaMemory(fd, info, self.writable)
+        else:
+            self._memory = HostMapping(fd, info["capacity"], self.writable)
+        self.ptr: int = self._memory.ptr
+        self.device: int = self._memory.device
+
+    def __repr__(self) -> str:
+        state = "detached" if self._detached else "attached"
+        return (f"<gpumemctl.Attachment {self.name!r} mode={self.mode} size={self.size} "
+                f"{self.backend} device={self.device} ptr={self.ptr:#x} {state}>")
+
+    # ---- array protocols ------------------------------------------------------------------
+    def _interface(self) -> dict:
+        self._require_attached()
+        return {"version": 3, "shape": (self.size,), "typestr": "|u1",
+                "data": (self.ptr, not self.writable), "strides": None}
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        if self.backend != "cuda":
+            raise AttributeError("host memory has no __cuda_array_interface__; use "
+                                 "__array_interface__ or DLPack")
+        return {**self._interface(), "stream": None}    # no work of ours is in flight
+
+    @property
+    def __array_interface__(self) -> dict:
+        if self.backend == "cuda":
+            raise AttributeError("GPU memory has no __array_interface__; use "
+                                 "__cuda_array_interface__ or DLPack")
+        return self._interface()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self.backend == "cuda":
+            return dlpack.kDLCUDA, self.device
+        return dlpack.kDLCPU, 0
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of the whole allocation (uint8, shape (size,)). `stream` needs
+        no action: nothing of ours is in flight on any stream. On the GPU the capsule is the
+        unversioned kind every consumer takes; on the host a consumer that accepts DLPack
+        1.0 gets the read-only flag for a read-only attachment."""
+        if copy:
+            raise BufferError("gpumemctl attachments export in place; copy=True is not "
+                              "supported")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"the memory is on {self.__dlpack_device__()}, not {dl_device}")
+        versioned = (self.backend != "cuda" and max_version is not None
+                     and tuple(max_version)[0] >= 1)
+        with self._lock:
+            self._require_attached()
+            self._exports += 1
+        kind, index = self.__dlpack_device__()
+        return dlpack.make_capsule(self.ptr, self.size, kind, index,
+                                   readonly=not self.writable, versioned=versioned,
+                                   on_release=self._export_released)
+
+    # ---- data convenience (copies) ---------------------------------------------------------
+    def read(self, offset: int = 0, length: int | None = None) -> bytes:
+        length = self.size - offset if length is None else length
+        self._check_range(offset, length)
+        return self._memory.read(offset, length)
+
+    def write(self, data, offset: int = 0) -> None:
+        if not self.writable:
+            raise UsageError(f"'{self.name}' is attached read-only")
+        self._check_range(offset, len(data))
+        self._memory.write(offset, data)
+
+    def _check_range(self, offset: int, length: int) -> None:
+        self._require_attached()
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise UsageError(f"range {offset}+{length} is outside '{self.name}' "
+                             f"(size {self.size})")
+
+    # ---- lifetime -----------------------------------------------------------------------------
+    @property
+    def detached(self) -> bool:
+        return self._detached
+
+    def _require_attached(self) -> None:
+        if self._detached or self._pending:
+            raise UsageError(f"'{self.name}' has been detached")
+
+    def seal(self) -> dict:
+        """Declare what this writer wrote complete: the allocation is no longer unsealed
+        (once ECC exists, parity is brought up to date here)."""
+        if not self.writable:
+            raise UsageError(f"'{self.name}' is attached read-only: nothing to seal")
+        self._require_attached()
+        return self._client.call("seal", path=self.name)
+
+    def detach(self) -> None:
+        """Unmap and release the lock. While DLPack exports are alive this is deferred until
+        the last is released; a writer's data is sealed at once all the same (leaving the
+        `with` block means "done writing")."""
+        with self._lock:
+            if self._detached or self._pending:
+                return
+            deferred = self._pending = bool(self._exports)
+            if not deferred:
+                self._detached = True
+        if not deferred:
+            self._finish()
+        elif self.writable:
+            self._client.call("seal", path=self.name)
+
+    close = detach
+
+    def _export_released(self) -> None:
+        """A DLPack consumer let go (called from its deleter, on any thread, possibly from
+        the garbage collector in the middle of other code)."""
+        with self._lock:
+            self._exports -= 1
+            finish = self._pending and self._exports == 0
+            if finish:
+                self._pending, self._detached = False, True
+        if not finish:
+            return
+        # The collector may run this while this very thread is inside a request on the same
+        # connection: finishing here would then deadlock on the client's lock. Finish on the
+        # spot only when the connection is idle, else on a helper thread.
+        lock = self._client._lock
+        if lock.acquire(blocking=False):
+            lock.release()
+            self._finish()
+        else:
+            threading.Thread(target=self._finish, name="gpumemctl-detach", daemon=True).start()
+
+    def _finish(self) -> None:
+        try:
+            self._memory.close()
+        finally:
+            try:
+                with contextlib.suppress(NotRunning):   # a dead daemon holds no lock
+                    self._client.call("detach", handle=self._holder)
+            finally:
+                if self._own_client:
+                    self._client.close()
+
+    def __enter__(self) -> "Attachment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.detach()
+
+
+class _CallableModule(types.ModuleType):
+    """`import gpumemctl.attach` binds this module to the name gpumemctl.attach, shadowing
+    the function of the same name: calling the module calls the function."""
+
+    def __call__(self, *args, **kwargs) -> Attachment:
+        return attach(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,349 @@
+"""How a client reaches an allocation's memory once gpumemd has passed it the fd.
+
+- host backend: the fd is a memfd. `HostMemory` maps it with mmap: zero-copy, and a read-only
+  open gets an O_RDONLY fd, mapped PROT_READ.
+- cuda backend: the fd is an exported CUDA VMM allocation. `CudaMemory` imports it, maps it
+  into this process's primary context of the allocation's device (read-only access for a
+  read-only open: the fd itself cannot say so) and copies through pinned staging buffers,
+  chunked and overlapped (gpumemctl.cudadrv.Stager). CUDA is imported only here, and only
+  when the daemon runs the cuda backend.
+
+Both offer the same operations: read/write of a range as bytes, and read_to/write_from a file
+object with a progress callback.
+"""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import stat
+import threading
+from typing import TYPE_CHECKING, BinaryIO, Callable
+
+if TYPE_CHECKING:       # imported where used: `gpumemctl ls` loads this module, too
+    from concurrent.futures import ThreadPoolExecutor
+
+from .protocol import InternalError, InvalidState
+
+HOST_CHUNK = 8 << 20     # per write() to a file object on the host path
+CUDA_CHUNK = 64 << 20    # per pinned staging buffer (two of them, overlapped)
+
+Advance = Callable[[int], None]    # called with the bytes moved so far
+
+
+def open_memory(backend: str, fd: int, info: dict, writable: bool):
+    """Map the memory behind `fd` (taking ownership of the fd)."""
+    if backend == "cuda":
+        return CudaMemory(fd, info, writable)
+    return HostMemory(fd, info["capacity"], writable)
+
+
+# Regular files move through the staging buffers in parallel pieces (preadv/pwrite release the
+# GIL): one thread copying from the page cache reaches only a fraction of a PCIe link.
+PIECE = 4 << 20
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    global _pool
+    from concurrent.futures import ThreadPoolExecutor
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
+                                       thread_name_prefix="gpumemctl-io")
+        return _pool
+
+
+def _regular_fd(f, *, writing: bool = False) -> int | None:
+    """The fd of a regular file we may address by offset (not a pipe, tty or O_APPEND)."""
+    try:
+        fd = f.fileno()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        if writing and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND:
+            return None
+        return fd
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _pieces(view: memoryview, base: int):
+    return [(view[o:o + PIECE], base + o) for o in range(0, len(view), PIECE)]
+
+
+def _pread_full(fd: int, piece: memoryview, offset: int) -> int:
+    got = 0
+    while got < len(piece):
+        n = os.preadv(fd, [piece[got:]], offset + got)
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _pwrite_full(fd: int, piece: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(piece):
+        done += os.pwrite(fd, piece[done:], offset + done)
+
+
+def _parallel(fn, view: memoryview, fd: int, base: int) -> list:
+    jobs = _pieces(view, base)
+    if len(jobs) == 1:
+        return [fn(fd, *jobs[0])]
+    return list(_io_pool().map(lambda job: fn(fd, *job), jobs))
+
+
+def _fill_from(src: BinaryIO, view: memoryview) -> int:
+    """Read from src until `view` is full or the input ends; returns the bytes put."""
+    got = 0
+    readinto = getattr(src, "readinto", None)
+    while got < len(view):
+        if readinto is not None:
+            n = readinto(view[got:])
+        else:
+            data = src.read(len(view) - got)
+            n = len(data)
+            view[got:got + n] = data
+        if not n:
+            break
+        got += n
+    return got
+
+
+class HostMemory:
+    def __init__(self, fd: int, capacity: int, writable: bool):
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        try:
+            self.map = mmap.mmap(fd, capacity, mmap.MAP_SHARED, prot)
+        finally:
+            os.close(fd)
+        self.writable = writable
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.map[offset:offset + length]
+
+    def write(self, offset: int, data) -> None:
+        self.map[offset:offset + len(data)] = data
+
+    def read_to(self, out: BinaryIO, offset: int, length: int, advance: Advance) -> int:
+        done = 0
+        view = memoryview(self.map)
+        try:
+            while done < length:
+                n = min(HOST_CHUNK, length - done)
+                out.write(view[offset + done:offset + done + n])
+                done += n
+                advance(done)
+        finally:
+            view.release()
+        return done
+
+    def write_from(self, src: BinaryIO, offset: int, limit: int, advance: Advance) -> bool:
+        """Copy src into [offset, offset+limit). True when src held more than `limit` bytes
+        (nothing past the limit is written)."""
+        done = 0
+        view = memoryview(self.map)
+        try:
+            while True:
+                room = limit - done
+                chunk = src.read(min(HOST_CHUNK, room + 1) if room >= 0 else 1)
+                if not chunk:
+                    return False
+                if len(chunk) > room:
+                    return True
+                view[offset + done:offset + done + len(chunk)] = chunk
+                done += len(chunk)
+                advance(done)
+        finally:
+            view.release()
+
+    def close(self) -> None:
+        if self.writable:
+            self.map.flush()
+        self.map.close()
+
+
+class HostMapping:
+    """A memfd mapped with libc's mmap, so that its address is known (Python's mmap object
+    hides it from read-only mappings). Used by attach() on the host backend. A read-only
+    mapping is PROT_READ: a store through `ptr` kills the process with SIGSEGV."""
+
+    _libc = None
+
+    def __init__(self, fd: int, capacity: int, writable: bool):
+        import ctypes
+        libc = self._load_libc()
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+        try:
+            addr = libc.mmap(None, capacity, prot, mmap.MAP_SHARED, fd, 0)
+            err = ctypes.get_errno()
+        finally:
+            os.close(fd)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            raise OSError(err, f"mmap of the allocation failed: {os.strerror(err)}")
+        self.ptr, self.capacity, self.writable, self.device = addr, capacity, writable, 0
+
+    @classmethod
+    def _load_libc(cls):
+        import ctypes
+        if cls._libc is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_int, ctypes.c_long]
+            libc.munmap.restype = ctypes.c_int
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            cls._libc = libc
+        return cls._libc
+
+    def read(self, offset: int, length: int) -> bytes:
+        import ctypes
+        return ctypes.string_at(self.ptr + offset, length)
+
+    def write(self, offset: int, data) -> None:
+        import ctypes
+        if not self.writable:
+            raise InvalidState("attached read-only: writing is not allowed")
+        src = bytes(data)
+        ctypes.memmove(self.ptr + offset, src, len(src))
+
+    def close(self) -> None:
+        if self.ptr:
+            self._libc.munmap(self.ptr, self.capacity)
+            self.ptr = 0
+
+
+class CudaMemory:
+    """An allocation on a GPU, mapped into this process (see the module docstring)."""
+
+    def __init__(self, fd: int, info: dict, writable: bool, chunk: int = CUDA_CHUNK):
+        try:
+            from . import cudadrv
+        except ImportError as exc:  # pragma: no cover - cudadrv itself imports nothing
+            raise InternalError(f"cannot load gpumemctl.cudadrv: {exc}") from None
+        self.cu, self.chunk, self.writable = cudadrv, chunk, writable
+        self.capacity = info["capacity"]
+        self._stager = None
+        try:
+            self.device = cudadrv.device_index(info["device"])
+            with cudadrv.context(self.device):
+                handle = cudadrv.import_fd(fd)
+        except cudadrv.CudaError as exc:
+            raise _client_error(info, exc) from None
+        finally:
+            os.close(fd)
+        try:
+            self.mapping = cudadrv.Mapping(handle, self.capacity, self.device, writable)
+        except cudadrv.CudaError as exc:
+            with cudadrv.context(self.device):
+                cudadrv.release(handle)
+            raise _client_error(info, exc) from None
+        self.ptr = self.mapping.ptr
+
+    def stager(self, length: int):
+        """Staging buffers sized for the first transfer (small reads pin little memory)."""
+        if self._stager is None:
+            size = min(self.chunk, max(1 << 20, -(-length // (1 << 20)) * (1 << 20)))
+            self._stager = self.cu.Stager(self.device, chunk=size)
+        return self._stager
+
+    def read(self, offset: int, length: int) -> bytes:
+        out = bytearray(length)
+        sink, pos = memoryview(out), 0
+
+        def drain(view: memoryview) -> None:
+            nonlocal pos
+            sink[pos:pos + len(view)] = view
+            pos += len(view)
+
+        if length:
+            self.stager(length).download(self.ptr + offset, length, drain)
+        return bytes(out)
+
+    def write(self, offset: int, data) -> None:
+        self._require_writable()
+        src, pos = memoryview(data).cast("B"), 0
+
+        def fill(view: memoryview) -> int:
+            nonlocal pos
+            n = min(len(view), len(src) - pos)
+            view[:n] = src[pos:pos + n]
+            pos += n
+            return n
+
+        if len(src):
+            self.stager(len(src)).upload(self.ptr + offset, fill, len(src))
+
+    def read_to(self, out: BinaryIO, offset: int, length: int, advance: Advance) -> int:
+        done = 0
+        out.flush()
+        fd = _regular_fd(out, writing=True)
+        base = out.tell() if fd is not None else 0
+
+        def drain(view: memoryview) -> None:
+            nonlocal done
+            if fd is None:
+                out.write(view)
+            else:
+                _parallel(_pwrite_full, view, fd, base + done)
+            done += len(view)
+            advance(done)
+
+        try:
+            if length:
+                self.stager(length).download(self.ptr + offset, length, drain)
+        finally:
+            if fd is not None:
+                out.seek(base + done)
+        return done
+
+    def write_from(self, src: BinaryIO, offset: int, limit: int, advance: Advance) -> bool:
+        """As HostMemory.write_from: True when src held more than `limit` bytes."""
+        self._require_writable()
+        fd = _regular_fd(src)
+        base = src.tell() if fd is not None else 0
+        done = 0
+
+        def fill(view: memoryview) -> int:
+            nonlocal done
+            if fd is None:
+                n = _fill_from(src, view)
+            else:
+                want = max(0, min(len(view), os.fstat(fd).st_size - (base + done)))
+                n = sum(_parallel(_pread_full, view[:want], fd, base + done)) if want else 0
+            if n:
+                done += n
+                advance(done)
+            return n
+
+        try:
+            if limit > 0:
+                self.stager(limit).upload(self.ptr + offset, fill, limit)
+        finally:
+            if fd is not None:
+                src.seek(base + done)
+        if done < max(limit, 0):
+            return False           # the input ended inside the allocation
+        return bool(src.read(1))
+
+    def _require_writable(self) -> None:
+        if not self.writable:
+            raise InvalidState("mapped read-only: writing is not allowed")
+
+    def close(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+        self.mapping.close()
+
+
+def _client_error(info: dict, exc) -> Exception:
+    """A CUDA failure on the client side, as one line for the user."""
+    from . import cudadrv
+    what = f"'{info.get('path')}' lives on GPU {info.get('device')} (cuda backend)"
+    if isinstance(exc, (cudadrv.CudaUnavailable, cudadrv.CudaInvalidDevice,
+                        cudadrv.CudaNoDevice)):
+        return InvalidState(f"{what}, which this process cannot reach: {exc}")
+    return InternalError(f"{what}; mapping it here failed: {exc}")
