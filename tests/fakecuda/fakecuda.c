@@ -54,6 +54,7 @@ typedef struct {             /* what a CUmemGenericAllocationHandle points to */
     int fd;
     size_t size;
     int device;
+    int imported;            /* the real driver refuses to re-export an imported handle */
 } Alloc;
 
 typedef struct { CUdeviceptr ptr; size_t size; Alloc *alloc; } Mapping;
@@ -220,7 +221,7 @@ CUresult cuMemGetAllocationGranularity(size_t *gran, const PropHead *prop, int o
 static CUresult new_alloc(int fd, size_t size, int dev, CUmemGenericAllocationHandle *out) {
     Alloc *a = malloc(sizeof *a);
     if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
-    a->fd = fd; a->size = size; a->device = dev;
+    a->fd = fd; a->size = size; a->device = dev; a->imported = 0;
     *out = (CUmemGenericAllocationHandle)(uintptr_t)a;
     return CUDA_SUCCESS;
 }
@@ -265,6 +266,8 @@ CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle ha
                                       unsigned long long flags) {
     Alloc *a = (Alloc *)(uintptr_t)handle;
     if (!a || type != 1 || flags) return CUDA_ERROR_INVALID_VALUE;
+    /* As an H100 with driver 580 does: exporting an imported handle is CUDA_ERROR_INVALID_VALUE. */
+    if (a->imported) return CUDA_ERROR_INVALID_VALUE;
     int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return CUDA_ERROR_UNKNOWN;
     *(int *)out = fd;
@@ -291,7 +294,9 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, vo
     pthread_mutex_lock(&lock);
     used[dev] += (size_t)st.st_size;
     pthread_mutex_unlock(&lock);
-    return new_alloc(mine, (size_t)st.st_size, dev, handle);
+    CUresult rc = new_alloc(mine, (size_t)st.st_size, dev, handle);
+    if (rc == CUDA_SUCCESS) ((Alloc *)(uintptr_t)*handle)->imported = 1;
+    return rc;
 }
 
 CUresult cuMemGetAllocationPropertiesFromHandle(PropHead *prop, CUmemGenericAllocationHandle h) {
