@@ -21,7 +21,8 @@ def emit_json(obj) -> None:
     if sys.stdout.isatty():
         text = json.dumps(obj, indent=2, sort_keys=True)
     else:
-        text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+        # Key order is the daemon's, fixed by daemon/describe.py: no need to sort again.
+        text = json.dumps(obj, separators=(",", ":"))
     sys.stdout.write(text + "\n")
 
 
