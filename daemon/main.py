@@ -105,11 +105,25 @@ async def supervise_keeper(manager: AllocationManager) -> None:
             await trio.sleep(1)
 
 
+CHECKPOINT_SECONDS = 1.0
+
+
+async def checkpoint_registry(manager: AllocationManager) -> None:
+    """Fold the registry's WAL into its database off the event loop (see Registry)."""
+    while True:
+        await trio.sleep(CHECKPOINT_SECONDS)
+        try:
+            await trio.to_thread.run_sync(manager.registry.checkpoint)
+        except Exception as exc:  # noqa: BLE001 - retried next time; the WAL stays valid
+            log.warning("registry checkpoint failed: %s", exc)
+
+
 async def run_daemon(manager: AllocationManager, server: Server) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.serve)
             nursery.start_soon(supervise_keeper, manager)
+            nursery.start_soon(checkpoint_registry, manager)
             systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
             log.info("gpumemd %s serving %s (backend %s, pid %d)", VERSION,
                      server.socket_path, manager.backend.name, os.getpid())
@@ -157,6 +171,7 @@ def _main(args) -> int:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
         manager.shutdown()
+        registry.checkpoint("TRUNCATE")
         registry.close()
         backend.close()
         os.close(lock_fd)

@@ -104,6 +104,10 @@ class Registry:
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
+        # No automatic checkpoints: one would run inside whichever request crossed the
+        # threshold (two fsyncs, every ~100 commits) and stall the daemon's event loop.
+        # The daemon calls checkpoint() from a worker thread instead (daemon/main.py).
+        self.db.execute("PRAGMA wal_autocheckpoint=0")
         self.db.execute("PRAGMA foreign_keys=ON")
         self._in_txn = False
         self._sync = "FULL"
@@ -232,6 +236,19 @@ class Registry:
             f"SELECT * FROM (SELECT * FROM events WHERE {where} ORDER BY id DESC LIMIT ?)"
             " ORDER BY id", (*args, limit)).fetchall()
         return [event_row_to_dict(r) for r in rows]
+
+    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """Copy committed WAL frames into the database file, on a connection of its own, so
+        it may run in a worker thread while the daemon's connection keeps committing.
+        Returns SQLite's (busy, wal frames, frames checkpointed)."""
+        if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
+            raise ValueError(f"unknown checkpoint mode {mode!r}")
+        db = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            db.execute("PRAGMA synchronous=FULL")
+            return tuple(db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone())
+        finally:
+            db.close()
 
     def integrity_errors(self) -> list[str]:
         rows = self.db.execute("PRAGMA integrity_check").fetchall()

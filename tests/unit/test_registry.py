@@ -60,3 +60,22 @@ def test_events_filter_by_path_prefix(tmp_path):
     assert [e["path"] for e in reg.events(path="a")] == ["a", "a/b"]
     assert [e["path"] for e in reg.events(since=2, limit=1)] == ["c"]
     reg.close()
+
+
+def test_checkpoint_folds_the_wal_from_another_connection(tmp_path):
+    """Automatic checkpoints are off (they would stall a request); checkpoint() does the work
+    and the data is in the database file afterwards."""
+    path = str(tmp_path / "r.sqlite")
+    reg = Registry(path)
+    fields = dict(parent=1, kind="alloc", uid=0, gid=0, mode=0o600, created_ns=0,
+                  modified_ns=0, changed_ns=0, state="ready")
+    for i in range(300):
+        with reg.transaction(durable=False):
+            reg.insert_node(name=f"n{i}", **fields)
+    wal = tmp_path / "r.sqlite-wal"
+    assert wal.stat().st_size > 0
+    busy, frames, done = reg.checkpoint("TRUNCATE")
+    assert busy == 0 and frames == done
+    assert wal.stat().st_size == 0
+    reg.close()
+    assert len(Registry(path).load_nodes()) == 301
