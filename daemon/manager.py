@@ -46,6 +46,8 @@ ECC_MODES = ("rs", "none")
 IO_KINDS = ("read", "write", "attach-r", "attach-w")
 WRITER_KINDS = ("write", "attach-w")
 ATTACH_KINDS = {"r": "attach-r", "rw": "attach-w"}
+IO_CHUNK = 16 << 20   # resize copies and zeroes in pieces this big: no buffer of a whole size
+NOW = "now"           # setattr(mtime_ns=NOW): utimensat's UTIME_NOW
 DAEMON = Credentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 
 
@@ -69,6 +71,7 @@ class AllocationManager:
         self._last_insert_id = 0
         self.sessions: dict[int, Session] = {}
         self.started_ns = time.time_ns()
+        self._dirty_times: set[int] = set()  # ids whose modified time awaits flush_times()
 
     # =====================================================================================
     # start and stop
@@ -88,8 +91,10 @@ class AllocationManager:
                     summary["transients_dropped"] += 1
                 elif alloc.capacity is None:
                     continue  # durable but pending: there is no memory to adopt
-                elif alloc.id in kept:
-                    summary["adopted" if self._adopt(alloc, kept.pop(alloc.id)) else "lost"] += 1
+                elif alloc.id in kept or -alloc.id in kept:
+                    adopted = self._adopt(alloc, kept.pop(alloc.id, None),
+                                          kept.pop(-alloc.id, None))
+                    summary["adopted" if adopted else "lost"] += 1
                 elif alloc.state != "lost":
                     self._mark_lost(alloc, "the keeper holds no memory for it")
                     summary["lost"] += 1
@@ -126,19 +131,34 @@ class AllocationManager:
                           state=row["state"], ecc=row["ecc"], parity_gen=row["parity_gen"],
                           checksum=row["checksum"])
 
-    def _adopt(self, alloc: Allocation, fds: list[int]) -> bool:
-        try:
-            alloc.buffer = self.backend.adopt(fds, alloc.capacity, alloc.device)
-        except Exception as exc:  # noqa: BLE001 - any failure to adopt means the memory is lost
-            self._mark_lost(alloc, f"re-adoption failed: {exc}")
-            with contextlib.suppress(KeeperGone):
-                self.keeper.withdraw(alloc.id)
-            return False
-        if alloc.state in ("lost", "recovering", "pending"):
-            alloc.state = "ready"
-            self.registry.update_node(alloc.id, state="ready")
-        self._event("adopt", alloc, None, capacity=alloc.capacity)
-        return True
+    def _adopt(self, alloc: Allocation, fds: list[int] | None,
+               staged: list[int] | None = None) -> bool:
+        """Re-adopt kept memory. `staged` is what a resize deposited under -id before its
+        commit (see resize()): of the two copies, the one with the registry's capacity is
+        the committed one; it ends up under the id, and the other is freed."""
+        copies = [(k, f) for k, f in ((alloc.id, fds), (-alloc.id, staged)) if f is not None]
+        error: Exception | None = None
+        for i, (key, kept_fds) in enumerate(copies):
+            try:
+                alloc.buffer = self.backend.adopt(kept_fds, alloc.capacity, alloc.device)
+            except Exception as exc:  # noqa: BLE001 - this copy is not the committed one
+                error = exc
+                with contextlib.suppress(KeeperGone):
+                    self.keeper.withdraw(key)
+                continue
+            for other_key, other_fds in copies[i + 1:]:
+                self._free_orphan(other_key, other_fds)
+            if key != alloc.id:     # the resize committed: its copy becomes the kept one
+                self._deposit(alloc)
+                with contextlib.suppress(KeeperGone):
+                    self.keeper.withdraw(key)
+            if alloc.state in ("lost", "recovering", "pending"):
+                alloc.state = "ready"
+                self.registry.update_node(alloc.id, state="ready")
+            self._event("adopt", alloc, None, capacity=alloc.capacity)
+            return True
+        self._mark_lost(alloc, f"re-adoption failed: {error}")
+        return False
 
     def _mark_lost(self, alloc: Allocation, reason: str) -> None:
         alloc.state = "lost"
@@ -516,6 +536,409 @@ class AllocationManager:
             with contextlib.suppress(KeeperGone):
                 self.keeper.withdraw(alloc.id)
         return describe(alloc, holders=True)
+
+    # =====================================================================================
+    # filesystem operations: what the FUSE layer (daemon/fs.py) needs, by node id
+    # =====================================================================================
+    # Errors that need an errno other than their class's (daemon/errno_map.py) carry its
+    # name in details["errno"]: ENOTDIR, EISDIR, ENOTEMPTY, EPERM.
+    def node(self, node_id: int) -> Node:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise NotFound(f"no node with id {node_id}")
+        return node
+
+    def _directory(self, node_id: int) -> Directory:
+        node = self.node(node_id)
+        if not isinstance(node, Directory):
+            raise UsageError(f"'{node.path}' is an allocation, not a directory",
+                             details={"errno": "ENOTDIR"})
+        return node
+
+    def lookup_child(self, parent_id: int, name: str, cred: Credentials) -> Node:
+        check_component(name)
+        parent = self._directory(parent_id)
+        require(parent, cred, X)
+        child = parent.children.get(name)
+        if child is None:
+            where = f"{parent.path}/{name}" if parent.path else name
+            raise NotFound(f"no such allocation or directory: '{where}'")
+        return child
+
+    def mkdir_child(self, parent_id: int, name: str, cred: Credentials,
+                    mode: int = DEFAULT_DIR_MODE) -> Directory:
+        check_mode(mode)
+        check_component(name)
+        parent = self._directory(parent_id)
+        require(parent, cred, W | X, "create entries in")
+        if name in parent.children:
+            raise Exists(f"'{parent.children[name].path}' already exists")
+        with self._change(durable=False):
+            return self._insert_dirs(parent, [name], cred, mode)
+
+    def create_pending(self, parent_id: int, name: str, cred: Credentials,
+                       mode: int = DEFAULT_FILE_MODE) -> Allocation:
+        """An allocation without memory, as `touch` in the mount makes: state 'pending',
+        size 0 (so st_size is 0; the registry's size column is 0, not NULL, for these),
+        capacity, device and buffer None. It is transient; resize() gives it memory."""
+        check_mode(mode)
+        check_component(name)
+        parent = self._directory(parent_id)
+        require(parent, cred, W | X, "create entries in")
+        if name in parent.children:
+            raise Exists(f"'{parent.children[name].path}' already exists")
+        with self._change(durable=False):
+            alloc = self._insert_node(Allocation, parent, name, cred, mode, size=0,
+                                      capacity=None, device=None, durable=False,
+                                      state="pending", ecc="rs", parity_gen=0)
+            self._event("create", alloc, cred, size=0, state="pending")
+        return alloc
+
+    def resize(self, alloc: Allocation, cred: Credentials, size: int, *,
+               session: Session | None = None) -> Allocation:
+        """Set the size (truncate, or `user.gpu.size`). Needs write permission, and no read,
+        write or attach holder outside `session` (Busy).
+
+        - pending: allocate round_up(size); size 0 leaves it pending.
+        - same capacity: only the size changes. Bytes in [size, capacity) are kept zero
+          (zeroed here on a shrink), so a later grow within the capacity reads zeros.
+        - new capacity (at least one granule: a ready allocation keeps memory at size 0):
+          a new buffer, min(old, new size) bytes copied, the old one freed.
+
+        A durable allocation's keeper copy changes in this order, so that the keeper never
+        holds nothing for a committed allocation: (1) deposit the new fds under the staging
+        key -id, (2) commit the registry, (3) deposit them under id (replacing the old
+        copy), (4) withdraw -id. A crash before (2) restarts with the old capacity: the old
+        copy is adopted and the staged one freed; after (2), start() adopts whichever copy
+        has the committed capacity (_adopt)."""
+        require(alloc, cred, W)
+        return self._resize(alloc, cred, size, session)
+
+    def _resize(self, alloc: Allocation, cred: Credentials, size: int,
+                session: Session | None) -> Allocation:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise UsageError(f"invalid size {size!r}: must be a whole number of bytes >= 0")
+        if alloc.state not in ("pending", "ready"):
+            raise InvalidState(f"'{alloc.path}' is {alloc.state}: it cannot be resized")
+        others = [h for h in alloc.holders_of(*IO_KINDS)
+                  if session is None or h.session is not session]
+        if others:
+            raise Busy(f"'{alloc.path}' is in use ({others[0].kind} by pid {others[0].pid}); "
+                       "it cannot be resized now")
+        if size == alloc.size or (alloc.state == "pending" and size == 0):
+            return alloc
+        dev = self.backend.device(alloc.device)
+        capacity = max(dev.granularity, round_up(size, dev.granularity))
+        if alloc.state == "pending":
+            self._allocate_pending(alloc, cred, dev, size, capacity)
+        elif capacity == alloc.capacity:
+            if size < alloc.size:
+                self._zero(alloc.buffer, size, alloc.size)
+            self._commit_size(alloc, cred, size, capacity, alloc.size)
+        else:
+            self._reallocate(alloc, cred, dev, size, capacity)
+        return alloc
+
+    def _allocate_pending(self, alloc: Allocation, cred: Credentials, dev, size: int,
+                          capacity: int) -> None:
+        """Same order as create: allocate, deposit (durable), commit. A crash before the
+        commit leaves the row pending and the keeper's copy an orphan the next start frees."""
+        self.backend.check_free(dev, capacity, requested=size)
+        alloc.buffer = self.backend.allocate(capacity, dev.uuid, label=alloc.path)
+        alloc.device, alloc.state = dev.uuid, "ready"
+        try:
+            if alloc.durable and not alloc.unlinked:
+                self._deposit(alloc)
+            self._commit_size(alloc, cred, size, capacity, 0)
+        except BaseException:
+            if alloc.durable:
+                with contextlib.suppress(KeeperGone):
+                    self.keeper.withdraw(alloc.id)
+            self._free_buffer(alloc)
+            alloc.device, alloc.state = None, "pending"
+            raise
+
+    def _reallocate(self, alloc: Allocation, cred: Credentials, dev, size: int,
+                    capacity: int) -> None:
+        """A new buffer for a new capacity; the keeper order is in resize()'s docstring."""
+        self.backend.check_free(dev, capacity, requested=size)
+        new = self.backend.allocate(capacity, dev.uuid, label=alloc.path)
+        old, old_size = alloc.buffer, alloc.size
+        kept = alloc.durable and not alloc.unlinked
+        try:
+            self._copy(old, new, min(old_size, size))
+            if kept:
+                self._deposit_buffer(-alloc.id, new, capacity, dev.uuid)
+            alloc.buffer = new
+            self._commit_size(alloc, cred, size, capacity, old_size)
+        except BaseException:
+            alloc.buffer = old
+            if kept:
+                with contextlib.suppress(KeeperGone):
+                    self.keeper.withdraw(-alloc.id)
+            self.backend.free(new)
+            raise
+        if kept:
+            try:
+                self._deposit(alloc)
+                self.keeper.withdraw(-alloc.id)
+            except (KeeperGone, InternalError) as exc:   # redeposit_all() repairs this
+                log.warning("keeper update after resizing '%s' failed: %s", alloc.path, exc)
+        self.backend.free(old)
+
+    def _deposit_buffer(self, key: int, buf, capacity: int, device: str) -> None:
+        fds = self.backend.keeper_fds(buf)
+        try:
+            self.keeper.deposit(key, fds, {"capacity": capacity, "device": device})
+        except KeeperGone as exc:
+            raise InternalError(f"cannot keep the resized memory: {exc}") from None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _commit_size(self, alloc: Allocation, cred: Credentials, size: int, capacity: int,
+                     old_size: int) -> None:
+        """Record size and capacity (memory and registry together, or neither)."""
+        before = (alloc.size, alloc.capacity, alloc.modified_ns, alloc.changed_ns)
+        now = time.time_ns()
+        try:
+            with self._change(durable=alloc.durable):
+                alloc.size, alloc.capacity = size, capacity
+                alloc.modified_ns = alloc.changed_ns = now
+                self.registry.update_node(alloc.id, size=size, capacity=capacity,
+                                          device=alloc.device, state=alloc.state,
+                                          modified_ns=now, changed_ns=now)
+                self._event("resize", alloc, cred, size=size, capacity=capacity,
+                            old_size=old_size)
+        except BaseException:
+            alloc.size, alloc.capacity, alloc.modified_ns, alloc.changed_ns = before
+            raise
+        self._dirty_times.discard(alloc.id)
+
+    def _copy(self, src, dst, length: int) -> None:
+        for offset in range(0, length, IO_CHUNK):
+            n = min(IO_CHUNK, length - offset)
+            self.backend.write(dst, offset, self.backend.read(src, offset, n))
+
+    def _zero(self, buf, start: int, end: int) -> None:
+        zeros = bytes(min(IO_CHUNK, end - start))
+        for offset in range(start, end, IO_CHUNK):
+            n = min(IO_CHUNK, end - offset)
+            self.backend.write(buf, offset, zeros if n == len(zeros) else zeros[:n])
+
+    def write_at(self, alloc: Allocation, offset: int, data, cred: Credentials | None = None,
+                 *, session: Session | None = None) -> int:
+        """Write `data` at `offset`; a write past the size grows the allocation first (NoMemory
+        when the device is full: ENOSPC). `cred` None means the caller (a FUSE handle opened
+        for writing) has already been authorised.
+
+        The modified time changes in memory only and the id is marked dirty: a registry
+        commit per write would put a transaction on the data path; flush_times() commits it
+        (at release/fsync), and a crash before that loses only the time."""
+        if cred is not None:
+            require(alloc, cred, W)
+        if not isinstance(offset, int) or offset < 0:
+            raise UsageError(f"invalid offset {offset!r}")
+        if not len(data):
+            return 0            # as write(2): a write of nothing never extends the file
+        end = offset + len(data)
+        if end > (alloc.size or 0):
+            self._resize(alloc, cred or DAEMON, end, session)
+        self._require_memory(alloc)
+        self.backend.write(alloc.buffer, offset, data)
+        alloc.modified_ns = alloc.changed_ns = time.time_ns()
+        self._dirty_times.add(alloc.id)
+        return len(data)
+
+    def read_at(self, alloc: Allocation, offset: int, length: int) -> bytes:
+        """Up to `length` bytes at `offset`, clipped to the size (b"" at or past the end).
+        Permission is the caller's (checked at open). No access time is kept."""
+        if not isinstance(offset, int) or offset < 0 or not isinstance(length, int) or \
+                length < 0:
+            raise UsageError(f"invalid read range: offset {offset!r}, length {length!r}")
+        end = min(offset + length, alloc.size or 0)
+        if end <= offset:
+            return b""
+        self._require_memory(alloc)
+        return self.backend.read(alloc.buffer, offset, end - offset)
+
+    def flush_times(self, alloc: Allocation) -> None:
+        """Commit the modified time that write_at() changed in memory."""
+        if alloc.id not in self._dirty_times:
+            return
+        self._dirty_times.discard(alloc.id)
+        if not alloc.unlinked:
+            with self._change(durable=False):
+                self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
+                                          changed_ns=alloc.changed_ns)
+
+    def rename(self, src_parent_id: int, src_name: str, dst_parent_id: int, dst_name: str,
+               cred: Credentials, *, replace: bool = True) -> Node:
+        """POSIX rename(2). The id (and so the keeper key) stays; parent and name change in
+        one registry transaction. A replaced allocation goes as with remove(force=True): its
+        memory is freed now, or by its last holder."""
+        check_component(src_name)
+        check_component(dst_name)
+        src_dir, dst_dir = self._directory(src_parent_id), self._directory(dst_parent_id)
+        node = self.lookup_child(src_parent_id, src_name, cred)
+        self._require_removable(src_dir, node, cred, "rename entries in")
+        require(dst_dir, cred, W | X, "rename entries in")
+        target = dst_dir.children.get(dst_name)
+        if target is node:
+            return node
+        if isinstance(node, Directory):
+            self._check_dir_move(node, src_dir, dst_dir, cred)
+        if target is not None:
+            self._check_replace(node, target, dst_dir, cred, replace)
+        old_path = node.path
+        with self._change(durable=self._has_durable(node) or self._has_durable(target)):
+            if target is not None:
+                self._forget_node(target)
+                self._event("remove", target, cred, replaced_by=old_path)
+            now = time.time_ns()
+            self.registry.update_node(node.id, parent=dst_dir.id, name=dst_name,
+                                      changed_ns=now)
+            del src_dir.children[src_name]
+            node.parent, node.name, node.changed_ns = dst_dir, dst_name, now
+            for directory in {src_dir, dst_dir}:
+                directory.modified_ns = directory.changed_ns = now
+                self.registry.update_node(directory.id, modified_ns=now, changed_ns=now)
+            dst_dir.children[dst_name] = node
+            self._event("rename", node, cred, **{"from": old_path, "to": node.path})
+        if isinstance(target, Allocation):
+            self._release_memory(target)
+        return node
+
+    def _check_dir_move(self, node: Directory, src_dir: Directory, dst_dir: Directory,
+                        cred: Credentials) -> None:
+        """No move into its own subtree; a move to another parent rewrites its '..', which
+        needs write permission on the directory itself (as Linux requires)."""
+        walk: Node | None = dst_dir
+        while walk is not None:
+            if walk is node:
+                raise UsageError(f"cannot move '{node.path}' into itself "
+                                 f"('{dst_dir.path}')")
+            walk = walk.parent
+        if src_dir is not dst_dir:
+            require(node, cred, W, "move")
+
+    def _check_replace(self, node: Node, target: Node, dst_dir: Directory, cred: Credentials,
+                       replace: bool) -> None:
+        if not replace:
+            raise Exists(f"'{target.path}' already exists")
+        if not may_remove_from(dst_dir, target, cred):
+            raise self._sticky_denied(dst_dir, target)
+        if isinstance(node, Directory) and not isinstance(target, Directory):
+            raise UsageError(f"cannot replace allocation '{target.path}' with a directory",
+                             details={"errno": "ENOTDIR"})
+        if not isinstance(node, Directory) and isinstance(target, Directory):
+            raise UsageError(f"cannot replace directory '{target.path}' with an allocation",
+                             details={"errno": "EISDIR"})
+        if isinstance(target, Directory) and target.children:
+            raise Exists(f"directory '{target.path}' is not empty",
+                         details={"errno": "ENOTEMPTY"})
+
+    @staticmethod
+    def _has_durable(node: Node | None) -> bool:
+        """Whether a change to this node's row must be fsynced: it holds a durable
+        allocation (a directory, anywhere below it)."""
+        if isinstance(node, Allocation):
+            return node.durable
+        if isinstance(node, Directory):
+            return any(AllocationManager._has_durable(c) for c in node.children.values())
+        return False
+
+    def _require_removable(self, parent: Directory, node: Node, cred: Credentials,
+                           what: str = "remove entries from") -> None:
+        require(parent, cred, W | X, what)
+        if not may_remove_from(parent, node, cred):
+            raise self._sticky_denied(parent, node)
+
+    @staticmethod
+    def _sticky_denied(parent: Directory, node: Node) -> PermissionDenied:
+        return PermissionDenied(
+            f"permission denied: '{parent.path or '/'}' is sticky; only the owner of "
+            f"'{node.path}' (uid {node.uid}) may remove or replace it")
+
+    def unlink_child(self, parent_id: int, name: str, cred: Credentials) -> None:
+        """unlink(2): the name goes now; the memory now or with its last holder (pyfuse3
+        frees on forget, not unlink). Never a directory (EISDIR)."""
+        node = self.lookup_child(parent_id, name, cred)
+        if isinstance(node, Directory):
+            raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
+        self._require_removable(node.parent, node, cred)
+        with self._change(durable=node.durable):
+            self._forget_node(node)
+            self._event("remove", node, cred, force=True)
+        self._release_memory(node)
+
+    def rmdir_child(self, parent_id: int, name: str, cred: Credentials) -> None:
+        """rmdir(2): an empty directory only. A non-empty one is Exists (exit 5, "exists")
+        with errno ENOTEMPTY: the CLI's own `rm DIR` without -r is a usage error instead,
+        but here the request was well formed and the directory's contents are what stand
+        in the way, which is what EEXIST/ENOTEMPTY say."""
+        node = self.lookup_child(parent_id, name, cred)
+        if not isinstance(node, Directory):
+            raise UsageError(f"'{node.path}' is not a directory", details={"errno": "ENOTDIR"})
+        if node.children:
+            raise Exists(f"directory '{node.path}' is not empty",
+                         details={"errno": "ENOTEMPTY"})
+        self._require_removable(node.parent, node, cred)
+        with self._change(durable=False):
+            self._forget_node(node)
+            self._event("remove", node, cred)
+
+    def setattr(self, node_id: int, cred: Credentials, *, mode: int | None = None,
+                uid: int | None = None, gid: int | None = None,
+                mtime_ns: int | str | None = None, atime_ns: int | str | None = None) -> Node:
+        """chmod / chown / utimens. chmod: owner or root. chown: only root changes the
+        owner; the owner may change the group to one it belongs to; a change of ownership
+        clears an allocation's setuid/setgid bits. Times: an explicit time needs owner or
+        root, NOW (the string 'now') needs write permission, as utimensat(2) says. No access
+        time is stored: atime_ns is checked the same way and otherwise ignored."""
+        node = self.node(node_id)
+        changes: dict = {}
+        if mode is not None:
+            self._require_owner_eperm(node, cred, "change the mode of")
+            changes["mode"] = check_mode(mode)
+        if uid is not None and uid != node.uid:
+            if not cred.is_root:
+                raise PermissionDenied(f"permission denied: only root may change the owner "
+                                       f"of '{node.path}'", details={"errno": "EPERM"})
+            changes["uid"] = uid
+        if gid is not None and gid != node.gid:
+            if not (cred.is_root or (cred.uid == node.uid and cred.in_group(gid))):
+                raise PermissionDenied(f"permission denied: uid {cred.uid} may not give "
+                                       f"'{node.path}' to group {gid}",
+                                       details={"errno": "EPERM"})
+            changes["gid"] = gid
+        if ("uid" in changes or "gid" in changes) and isinstance(node, Allocation):
+            changes["mode"] = changes.get("mode", node.mode) & ~0o6000
+        for value in (mtime_ns, atime_ns):
+            if value == NOW:
+                if not (cred.uid == node.uid or self._allowed(node, cred, W)):
+                    require(node, cred, W)
+            elif value is not None:
+                self._require_owner_eperm(node, cred, "set the times of")
+        now = time.time_ns()
+        if mtime_ns is not None:
+            changes["modified_ns"] = now if mtime_ns == NOW else int(mtime_ns)
+        changes["changed_ns"] = now
+        with self._change(durable=self._has_durable(node)):
+            self.registry.update_node(node.id, **changes)
+            for key, value in changes.items():
+                setattr(node, key, value)
+            self._event("setattr", node, cred, **{k: (f"{v:04o}" if k == "mode" else v)
+                                                   for k, v in changes.items()})
+        self._dirty_times.discard(node.id)
+        return node
+
+    @staticmethod
+    def _require_owner_eperm(node: Node, cred: Credentials, what: str) -> None:
+        if not (cred.is_root or cred.uid == node.uid):
+            raise PermissionDenied(f"permission denied: only the owner (uid {node.uid}) or "
+                                   f"root may {what} '{node.path or '/'}'",
+                                   details={"errno": "EPERM"})
 
     # =====================================================================================
     # holders: handles and leases

@@ -41,7 +41,7 @@ def create_tables(db: sqlite3.Connection) -> None:
         modified_ns INTEGER NOT NULL,  -- last change of the data (or of the entries, for dirs)
         changed_ns  INTEGER NOT NULL,  -- last change of the metadata
         -- The columns below are NULL for directories.
-        size        INTEGER,  -- bytes the user asked for; NULL while 'pending'
+        size        INTEGER,  -- bytes the user asked for (0 for a pending file made in the mount)
         capacity    INTEGER,  -- bytes held on the device (size rounded up to the device's
                               -- granularity); NULL while 'pending'
         device      TEXT,     -- UUID of the device holding it (host backend: 'HOST-...')
