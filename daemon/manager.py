@@ -567,26 +567,28 @@ class AllocationManager:
 
     def mkdir_child(self, parent_id: int, name: str, cred: Credentials,
                     mode: int = DEFAULT_DIR_MODE) -> Directory:
+        parent = self._parent_for_entry(parent_id, name, cred, mode)
+        with self._change(durable=False):
+            return self._insert_dirs(parent, [name], cred, mode)
+
+    def _parent_for_entry(self, parent_id: int, name: str, cred: Credentials,
+                          mode: int) -> Directory:
+        """Checks shared by every new entry made by parent id: mode, name, permission on
+        the parent, and that the name is free."""
         check_mode(mode)
         check_component(name)
         parent = self._directory(parent_id)
         require(parent, cred, W | X, "create entries in")
         if name in parent.children:
             raise Exists(f"'{parent.children[name].path}' already exists")
-        with self._change(durable=False):
-            return self._insert_dirs(parent, [name], cred, mode)
+        return parent
 
     def create_pending(self, parent_id: int, name: str, cred: Credentials,
                        mode: int = DEFAULT_FILE_MODE) -> Allocation:
         """An allocation without memory, as `touch` in the mount makes: state 'pending',
         size 0 (so st_size is 0; the registry's size column is 0, not NULL, for these),
         capacity, device and buffer None. It is transient; resize() gives it memory."""
-        check_mode(mode)
-        check_component(name)
-        parent = self._directory(parent_id)
-        require(parent, cred, W | X, "create entries in")
-        if name in parent.children:
-            raise Exists(f"'{parent.children[name].path}' already exists")
+        parent = self._parent_for_entry(parent_id, name, cred, mode)
         with self._change(durable=False):
             alloc = self._insert_node(Allocation, parent, name, cred, mode, size=0,
                                       capacity=None, device=None, durable=False,

@@ -616,6 +616,34 @@ class Stager:
             finally:
                 self._sync_all()
 
+    def read_bytes(self, dptr: int, length: int) -> bytes:
+        """Device bytes [dptr, dptr+length) as bytes, through the staging buffers."""
+        out = bytearray(length)
+        sink, pos = memoryview(out), 0
+
+        def drain(view: memoryview) -> None:
+            nonlocal pos
+            sink[pos:pos + len(view)] = view
+            pos += len(view)
+
+        if length:
+            self.download(dptr, length, drain)
+        return bytes(out)
+
+    def write_bytes(self, dptr: int, data) -> None:
+        """Copy `data` (any buffer) to device memory at dptr, through the staging buffers."""
+        src, pos = memoryview(data).cast("B"), 0
+
+        def fill(view: memoryview) -> int:
+            nonlocal pos
+            n = min(len(view), len(src) - pos)
+            view[:n] = src[pos:pos + n]
+            pos += n
+            return n
+
+        if len(src):
+            self.upload(dptr, fill, len(src))
+
     def _fetch(self, k: int, dptr: int, span: tuple[int, int]) -> None:
         slot = k % len(self.buffers)
         memcpy_dtoh_async(self.buffers[slot].ptr, dptr + span[0], span[1], self.streams[slot])

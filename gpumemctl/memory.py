@@ -276,31 +276,11 @@ class CudaMemory:
         return self._stager
 
     def read(self, offset: int, length: int) -> bytes:
-        out = bytearray(length)
-        sink, pos = memoryview(out), 0
-
-        def drain(view: memoryview) -> None:
-            nonlocal pos
-            sink[pos:pos + len(view)] = view
-            pos += len(view)
-
-        if length:
-            self.stager(length).download(self.ptr + offset, length, drain)
-        return bytes(out)
+        return self.stager(length).read_bytes(self.ptr + offset, length)
 
     def write(self, offset: int, data) -> None:
         self._require_writable()
-        src, pos = memoryview(data).cast("B"), 0
-
-        def fill(view: memoryview) -> int:
-            nonlocal pos
-            n = min(len(view), len(src) - pos)
-            view[:n] = src[pos:pos + n]
-            pos += n
-            return n
-
-        if len(src):
-            self.stager(len(src)).upload(self.ptr + offset, fill, len(src))
+        self.stager(len(memoryview(data).cast("B"))).write_bytes(self.ptr + offset, data)
 
     def read_to(self, out: BinaryIO, offset: int, length: int, advance: Advance) -> int:
         done = 0

@@ -199,32 +199,10 @@ class CudaBackend(Backend):
         return self._stagers[index]
 
     def read(self, buf: CudaBuffer, offset: int, length: int) -> bytes:
-        out = bytearray(length)
-        sink = memoryview(out)
-        pos = 0
-
-        def drain(view: memoryview) -> None:
-            nonlocal pos
-            sink[pos:pos + len(view)] = view
-            pos += len(view)
-
-        if length:
-            self._stager(buf.index).download(self._mapping(buf).ptr + offset, length, drain)
-        return bytes(out)
+        return self._stager(buf.index).read_bytes(self._mapping(buf).ptr + offset, length)
 
     def write(self, buf: CudaBuffer, offset: int, data) -> None:
-        src = memoryview(data).cast("B")
-        pos = 0
-
-        def fill(view: memoryview) -> int:
-            nonlocal pos
-            n = min(len(view), len(src) - pos)
-            view[:n] = src[pos:pos + n]
-            pos += n
-            return n
-
-        if len(src):
-            self._stager(buf.index).upload(self._mapping(buf).ptr + offset, fill, len(src))
+        self._stager(buf.index).write_bytes(self._mapping(buf).ptr + offset, data)
 
     def export_dmabuf(self, buf: CudaBuffer) -> int:
         if not cudadrv.device_support(buf.index).dma_buf:
