@@ -25,7 +25,8 @@ from . import systemd
 from .backends import BackendUnavailable, choose_backend
 from .keeper_link import KeeperGone, open_keeper
 from .manager import AllocationManager
-from .registry import Registry
+from .mount import Mount, MountError
+from .registry import GROUP_COMMIT_SECONDS, Registry
 from .server import VERSION, Server
 
 log = logging.getLogger("gpumemd")
@@ -42,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--socket", default=None, help=f"Unix socket (default {default_socket()})")
     p.add_argument("--state-dir", default=None,
                    help=f"registry and keeper socket (default {default_state_dir()})")
+    p.add_argument("--mount", default=None, metavar="DIR",
+                   help="serve the allocations as a filesystem at DIR (no mount by default)")
     p.add_argument("--host-capacity", default=None, metavar="SIZE",
                    help="bytes the host backend may hand out (default: half of RAM)")
     p.add_argument("--log-level", default="info",
@@ -118,10 +121,37 @@ async def checkpoint_registry(manager: AllocationManager) -> None:
             log.warning("registry checkpoint failed: %s", exc)
 
 
-async def run_daemon(manager: AllocationManager, server: Server) -> None:
+class GroupCommit:
+    """Commits the registry's batch of transient changes GROUP_COMMIT_SECONDS after the
+    first of them (Registry.transaction explains group commit)."""
+
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self.wake = trio.Event()
+        registry.group_commit = True
+        registry.on_batch = lambda: self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake = trio.Event()
+            await trio.sleep(GROUP_COMMIT_SECONDS)
+            try:
+                self.registry.flush()
+            except Exception as exc:  # noqa: BLE001 - the batch stays open; retried next time
+                log.warning("registry commit failed: %s", exc)
+                self.wake.set()
+                await trio.sleep(1)
+
+
+async def run_daemon(manager: AllocationManager, server: Server,
+                     mount: Mount | None = None) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(GroupCommit(manager.registry).run)
             await nursery.start(server.serve)
+            if mount is not None:
+                await nursery.start(mount.serve)
             nursery.start_soon(supervise_keeper, manager)
             nursery.start_soon(checkpoint_registry, manager)
             systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
@@ -140,7 +170,7 @@ def main(argv=None) -> int:
                         format="%(asctime)s gpumemd[%(process)d] %(levelname)s: %(message)s")
     try:
         return _main(args)
-    except (StartupError, GpumemError) as exc:
+    except (StartupError, MountError, GpumemError) as exc:
         print(f"gpumemd: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
 
@@ -163,14 +193,21 @@ def _main(args) -> int:
     summary = manager.start()
     log.info("registry loaded: %(adopted)d adopted, %(lost)d lost, %(orphans_freed)d orphans "
              "freed, %(transients_dropped)d stale transients dropped", summary)
+    mount_path = os.path.abspath(args.mount) if args.mount else None
     server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
-                                           "keeper_kind": keeper.kind})
+                                           "keeper_kind": keeper.kind, "mount": mount_path})
+    mount = Mount(manager, mount_path) if mount_path else None
     try:
-        trio.run(run_daemon, manager, server)
+        if mount is not None:
+            mount.open()
+        trio.run(run_daemon, manager, server, mount)
     finally:
+        if mount is not None:
+            mount.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
         manager.shutdown()
+        registry.flush()
         registry.checkpoint("TRUNCATE")
         registry.close()
         backend.close()

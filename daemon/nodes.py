@@ -57,6 +57,17 @@ class Node:
 @dataclasses.dataclass(eq=False)
 class Directory(Node):
     children: dict[str, Node] = dataclasses.field(default_factory=dict)
+    subdirs: int = 0         # directories among the children (st_nlink = 2 + subdirs)
+
+    # Change `children` only through these two, which keep `subdirs` right.
+    def add_child(self, node: Node) -> None:
+        self.children[node.name] = node
+        if isinstance(node, Directory):
+            self.subdirs += 1
+
+    def remove_child(self, name: str) -> None:
+        if isinstance(self.children.pop(name), Directory):
+            self.subdirs -= 1
 
     @property
     def st_mode(self) -> int:
@@ -80,6 +91,8 @@ class Allocation(Node):
                                      # last holder
     unsealed: bool = False           # attached read-write and not yet sealed (in memory only:
                                      # a restart forgets it)
+    dirty_from: int = 1 << 63        # the range written since the last sync (manager.sync):
+    dirty_to: int = 0                # its parity is stale until then; empty when from > to
 
     @property
     def st_mode(self) -> int:

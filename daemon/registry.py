@@ -1,10 +1,12 @@
 """The durable registry: SQLite in the state directory.
 
-WAL journal. Changes to durable allocations commit with synchronous=FULL (fsync of the WAL
-before COMMIT returns). Changes that only concern transient state (transient allocations,
-holders) commit with synchronous=NORMAL: in WAL mode that is still atomic and consistent after
-a crash, it just may lose the newest such commits, and transient state never outlives the daemon
-anyway, so the next start drops it. That keeps a transient create off the fsync path.
+WAL journal, synchronous=NORMAL. A change to durable allocations is made durable before its
+commit returns by an fsync of the WAL (what synchronous=FULL does, but chosen per commit:
+SQLite refuses to change the level inside a transaction, and group commit keeps one open).
+Changes that only concern transient state (transient allocations, holders) commit without
+it: in WAL mode that is still atomic and consistent after a crash, it just may lose the
+newest such commits, and transient state never outlives the daemon anyway, so the next start
+drops it. That keeps a transient create off the fsync path.
 
 All SQL of the daemon lives here; the AllocationManager calls these methods inside
 `transaction()`.
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 
 SCHEMA_VERSION = 1
 ROOT_ID = 1
+GROUP_COMMIT_SECONDS = 0.005
 
 
 def create_tables(db: sqlite3.Connection) -> None:
@@ -103,14 +107,19 @@ class Registry:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("PRAGMA synchronous=NORMAL")      # durable commits: _commit()
         # No automatic checkpoints: one would run inside whichever request crossed the
         # threshold (two fsyncs, every ~100 commits) and stall the daemon's event loop.
         # The daemon calls checkpoint() from a worker thread instead (daemon/main.py).
         self.db.execute("PRAGMA wal_autocheckpoint=0")
         self.db.execute("PRAGMA foreign_keys=ON")
         self._in_txn = False
-        self._sync = "FULL"
+        self._open = False          # a BEGIN is open (a batch, or the change in progress)
+        self._batched = False       # transient changes released in it and not committed
+        self._want_full = False
+        self._want_now = False
+        self.group_commit = False   # see transaction(); the daemon turns it on
+        self.on_batch = None        # called when a batch starts: schedule flush()
         self.migrate()
 
     # ---- schema ---------------------------------------------------------------------
@@ -131,7 +140,6 @@ class Registry:
                 self.db.execute(f"PRAGMA user_version={version}")
 
     def _init_root(self) -> None:
-        import os
         now = time.time_ns()
         # The root is like /tmp: anyone may create, only owners may remove (sticky bit).
         self.db.execute(
@@ -142,34 +150,72 @@ class Registry:
         self.db.execute("INSERT INTO meta VALUES ('instance', ?)", (os.urandom(8).hex(),))
 
     # ---- transactions -----------------------------------------------------------------
+    # Group commit: with `group_commit` on (the daemon turns it on), a change marked `batch`
+    # (it concerns only transient allocations and holders, which no restart keeps) is not
+    # committed on its own: it is released as a savepoint inside one open SQLite
+    # transaction, and `flush()` (called GROUP_COMMIT_SECONDS later, from the daemon's loop)
+    # commits the batch. Any other change commits the batch with itself, so the order of
+    # commits is the order of changes. A crash loses at most the last GROUP_COMMIT_SECONDS
+    # of batched changes, which the next start would drop anyway (and the events that
+    # recorded them). A creat(2) on the mount thus costs no commit of its own. Directories
+    # and renames are never batched: they outlive the daemon.
     @contextlib.contextmanager
-    def transaction(self, *, durable: bool):
-        """One atomic change. `durable` chooses fsync at commit (see the module docstring).
+    def transaction(self, *, durable: bool, batch: bool = False):
+        """One atomic change. `durable` adds an fsync at commit (see the module docstring);
+        `batch` allows group commit (above).
 
-        Nested use joins the outer transaction; a durable inner part upgrades the commit.
+        Nested use joins the outer transaction; a durable inner part upgrades the commit,
+        a part that may not be batched commits the whole.
         """
         if self._in_txn:
-            if durable:
-                self._set_sync("FULL")
+            self._want_full |= durable
+            self._want_now |= not batch
             yield self.db
             return
-        self._set_sync("FULL" if durable else "NORMAL")
-        self.db.execute("BEGIN IMMEDIATE")
-        self._in_txn = True
+        if not self._open:
+            self.db.execute("BEGIN IMMEDIATE")
+            self._open = True
+        self.db.execute("SAVEPOINT change")
+        self._in_txn, self._want_full, self._want_now = True, durable, not batch
         try:
             yield self.db
         except BaseException:
             self._in_txn = False
-            self.db.execute("ROLLBACK")
+            self.db.execute("ROLLBACK TO change")
+            self.db.execute("RELEASE change")
+            if not self._batched:
+                self._commit("NORMAL")        # nothing else is in it: end it
             raise
         self._in_txn = False
-        self.db.execute("COMMIT")
+        self.db.execute("RELEASE change")
+        if self._want_full:
+            self._commit("FULL")
+        elif self.group_commit and not self._want_now:
+            if not self._batched:
+                self._batched = True
+                if self.on_batch is not None:
+                    self.on_batch()
+        else:
+            self._commit("NORMAL")
 
-    def _set_sync(self, level: str) -> None:
-        if level != self._sync:
-            # Changing synchronous inside a transaction is allowed and applies to its commit.
-            self.db.execute(f"PRAGMA synchronous={level}")
-            self._sync = level
+    def flush(self) -> None:
+        """Commit the batch of transient changes, if one is open (group commit)."""
+        if self._open and not self._in_txn:
+            self._commit("NORMAL")
+
+    def _commit(self, level: str) -> None:
+        self.db.execute("COMMIT")
+        self._open = self._batched = False
+        if level == "FULL":
+            self._sync_wal()
+
+    def _sync_wal(self) -> None:
+        """fsync the WAL: everything committed so far survives a power cut."""
+        fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     # ---- nodes ------------------------------------------------------------------------
     def load_nodes(self) -> list[sqlite3.Row]:
@@ -255,6 +301,7 @@ class Registry:
         return [r[0] for r in rows if r[0] != "ok"]
 
     def close(self) -> None:
+        self.flush()
         self.db.close()
 
 

@@ -144,6 +144,8 @@ class Server:
             if inspect.isawaitable(reply):   # ops that wait on a worker thread (NVML)
                 reply = await reply
             result, out_fds = reply
+            for watcher in self.manager.watchers:   # the mount learns of it first
+                await watcher.settle()
         except GpumemError as exc:
             await framing.asend_frame(conn, {"id": rid, "ok": False, "error": exc.to_wire()})
             return True

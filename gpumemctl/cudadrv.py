@@ -504,7 +504,20 @@ def memcpy_dtoh_async(dst: int, src: int, n: int, stream) -> None:
     _cu("cuMemcpyDtoHAsync", dst, src, n, stream)
 
 
+def memcpy_dtod(dst: int, src: int, n: int) -> None:
+    """Device to device. Asynchronous with respect to the host (CUDA's "API synchronization
+    behavior"): call ctx_synchronize() before freeing either side or reading the result
+    through another stream."""
+    _cu("cuMemcpyDtoD", dst, src, n)
+
+
+def ctx_synchronize() -> None:
+    """Wait for all work of the current context (the legacy stream's copies and memsets)."""
+    _cu("cuCtxSynchronize")
+
+
 def memset_d8(dst: int, value: int, n: int) -> None:
+    """Asynchronous with respect to the host for device memory, like memcpy_dtod."""
     _cu("cuMemsetD8", dst, value, n)
 
 
@@ -615,6 +628,18 @@ class Stager:
                         self._fetch(k + slots, dptr, spans[k + slots])
             finally:
                 self._sync_all()
+
+    def read_view(self, dptr: int, length: int) -> memoryview:
+        """Device bytes [dptr, dptr+length), at most `chunk`, as a view of the first staging
+        buffer: valid until the next call on this Stager. One DMA and no host-side copy: the
+        mount's read path hands the view straight to the kernel."""
+        if length > self.chunk:
+            raise ValueError(f"read_view of {length} bytes: at most {self.chunk}")
+        buf, stream = self.buffers[0], self.streams[0]
+        with context(self.device):
+            memcpy_dtoh_async(buf.ptr, dptr, length, stream)
+            stream_synchronize(stream)
+        return buf.view[:length]
 
     def read_bytes(self, dptr: int, length: int) -> bytes:
         """Device bytes [dptr, dptr+length) as bytes, through the staging buffers."""

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Installs what gpumemctl needs on a Debian/Ubuntu machine, idempotently:
-#   system packages (fuse3, libfuse3-dev, pkg-config, python3-venv) with apt-get, as root;
+#   system packages (fuse3, libfuse3-dev, pkg-config, python3-venv, attr) with apt-get, as root;
 #   a virtual environment in $VENV (default .venv) with the project and its test extra.
 # Used by `make run` and `make test`; safe to run again (it skips what is done).
 set -eu
@@ -11,6 +11,7 @@ PYTHON=${PYTHON:-python3}
 need=""
 pkg-config --exists fuse3 2>/dev/null || need="$need libfuse3-dev pkg-config"
 command -v fusermount3 >/dev/null 2>&1 || need="$need fuse3"
+command -v setfattr >/dev/null 2>&1 || need="$need attr"     # setfattr/getfattr: mount docs
 "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || need="$need python3-venv"
 if [ -n "$need" ]; then
     if [ "$(id -u)" -ne 0 ]; then

@@ -46,8 +46,10 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str
 class Daemon:
     """A gpumemd process in its own directory. Restartable; cleaned up by the fixture."""
 
-    def __init__(self, base: str, backend: str = "host", extra_args=(), env=None):
+    def __init__(self, base: str, backend: str = "host", extra_args=(), env=None,
+                 mount: bool = False):
         self.base = base
+        self.mnt = os.path.join(base, "mnt") if mount else None
         self.socket = os.path.join(base, "gpumemd.sock")
         self.state_dir = os.path.join(base, "state")
         self.log_path = os.path.join(base, "gpumemd.log")
@@ -63,6 +65,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             _bin("gpumemd") + ["--backend", self.backend, "--socket", self.socket,
                                "--state-dir", self.state_dir, "--log-level", "debug",
+                               *(["--mount", self.mnt] if self.mnt else []),
                                *self.extra_args],
             stdout=log, stderr=log, env=_env(self.extra_env), **popen)
         log.close()
@@ -119,6 +122,18 @@ class Daemon:
             self.proc.kill()
             self.proc.wait(10)
         self.kill_keeper()
+        self.unmount()
+
+    def mounted(self) -> bool:
+        return self.mnt is not None and is_mounted(self.mnt)
+
+    def unmount(self) -> None:
+        """Detach the mount if a dead daemon left it (never leave one behind: it would hang
+        or fail whatever walks /tmp next)."""
+        if self.mnt is not None and is_mounted(self.mnt):
+            subprocess.run(["fusermount3", "-u", "-z", self.mnt], capture_output=True)
+            if is_mounted(self.mnt):
+                subprocess.run(["umount", "-l", self.mnt], capture_output=True)
 
     def log(self) -> str:
         try:
@@ -148,6 +163,11 @@ class Daemon:
     def cli_json(self, *args: str):
         import json
         return json.loads(self.cli(*args, "--json", check=True).stdout)
+
+
+def is_mounted(path: str) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f if len(line.split()) > 1)
 
 
 def make_base_dir() -> str:

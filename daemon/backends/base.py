@@ -7,6 +7,9 @@ import dataclasses
 from gpumemctl.protocol import InvalidState, NoMemory, NotFound, format_size
 
 
+COPY_CHUNK = 16 << 20   # default zero()/copy() work in pieces this big
+
+
 class BackendUnavailable(Exception):
     """The backend asked for cannot run on this machine; the message says why, in one line."""
 
@@ -91,6 +94,34 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def write(self, buf: Buffer, offset: int, data) -> None: ...
+
+    # ---- the mount's data path: no buffer allocated per request ------------------------
+    def view(self, buf: Buffer, offset: int, length: int) -> memoryview:
+        """Bytes [offset, offset+length) for a reply sent before the next call into this
+        backend (the FUSE read path). A backend may return a view of its own memory or of a
+        reused staging buffer instead of a new copy; this default copies."""
+        return memoryview(self.read(buf, offset, length))
+
+    def zero(self, buf: Buffer, start: int, end: int) -> None:
+        """Make [start, end) read as zeros."""
+        zeros = bytes(min(COPY_CHUNK, end - start))
+        for offset in range(start, end, COPY_CHUNK):
+            n = min(COPY_CHUNK, end - offset)
+            self.write(buf, offset, zeros if n == len(zeros) else zeros[:n])
+
+    resizes_in_place = False     # whether resize_in_place() works (else: reallocate + copy)
+
+    def resize_in_place(self, buf: Buffer, capacity: int) -> None:
+        """Change the buffer's capacity where it is, keeping its contents and every fd that
+        refers to it (only where `resizes_in_place`)."""
+        raise NotImplementedError
+
+    def copy(self, src: Buffer, dst: Buffer, length: int) -> None:
+        """Copy the first `length` bytes of src to dst (a resize); this default goes through
+        host memory in COPY_CHUNK pieces."""
+        for offset in range(0, length, COPY_CHUNK):
+            n = min(COPY_CHUNK, length - offset)
+            self.write(dst, offset, self.read(src, offset, n))
 
     def export_dmabuf(self, buf: Buffer) -> int:
         """A dma-buf fd covering the buffer's capacity (for RDMA registration); the caller

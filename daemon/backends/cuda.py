@@ -204,6 +204,29 @@ class CudaBackend(Backend):
     def write(self, buf: CudaBuffer, offset: int, data) -> None:
         self._stager(buf.index).write_bytes(self._mapping(buf).ptr + offset, data)
 
+    def view(self, buf: CudaBuffer, offset: int, length: int) -> memoryview:
+        stager = self._stager(buf.index)
+        if length > stager.chunk:
+            return memoryview(self.read(buf, offset, length))
+        return stager.read_view(self._mapping(buf).ptr + offset, length)
+
+    # Both below wait for the device before returning: the memset and the copy run on the
+    # legacy stream, asynchronously to the host, and the staging streams do not wait for it
+    # (a later write could land before the zeroes), nor may a buffer be freed under a copy.
+    def zero(self, buf: CudaBuffer, start: int, end: int) -> None:
+        if end > start:
+            with cudadrv.context(buf.index):
+                cudadrv.memset_d8(self._mapping(buf).ptr + start, 0, end - start)
+                cudadrv.ctx_synchronize()
+
+    def copy(self, src: CudaBuffer, dst: CudaBuffer, length: int) -> None:
+        """Device to device (a resize): no trip through host memory. Both buffers are mapped
+        in this process; a copy across devices goes through the driver's peer path."""
+        if length:
+            with cudadrv.context(dst.index):
+                cudadrv.memcpy_dtod(self._mapping(dst).ptr, self._mapping(src).ptr, length)
+                cudadrv.ctx_synchronize()
+
     def export_dmabuf(self, buf: CudaBuffer) -> int:
         if not cudadrv.device_support(buf.index).dma_buf:
             raise InvalidState(f"device {buf.index} ({buf.device}) does not support dma-buf "

@@ -54,7 +54,7 @@ def check_component(part: str, *, whole: str | None = None) -> str:
     size = len(os.fsencode(part))
     if size > MAX_COMPONENT_BYTES:
         raise UsageError(f"{where}: component of {size} bytes, at most "
-                         f"{MAX_COMPONENT_BYTES} allowed")
+                         f"{MAX_COMPONENT_BYTES} allowed", details={"errno": "ENAMETOOLONG"})
     return part
 
 

@@ -349,3 +349,16 @@ def test_export_dmabuf_where_unsupported_is_invalid_state(fake_lib, daemon_facto
     from gpumemctl.protocol import InvalidState
     with d.client() as c, pytest.raises(InvalidState, match="does not support dma-buf"):
         c.export_dmabuf("rdma")
+
+
+def test_mount_on_the_cuda_backend(fake_lib, daemon_factory):
+    """The mount's data path on the cuda backend (pinned staging views, device memset and
+    device-to-device copies for resizes), on the fake driver: the POSIX helpers pass."""
+    from tests.mount import posix
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("/dev/fuse is missing")
+    d = daemon_factory(backend="cuda", env=fakecuda.env(fake_lib), mount=True)
+    for check in posix.ALL:
+        check(d.mnt)
+        assert os.listdir(d.mnt) == []
+    cli(d, "check", check=True)

@@ -119,9 +119,45 @@ def test_durable_resize_survives_crash(world):
     clean(m)
 
 
-def crash_resize_after(world, step):
-    """Resize a durable 1 MiB allocation to 5 MiB, crashing (an exception) at `step`."""
+def test_durable_grow_in_place_crash_before_commit_is_trimmed_at_adopt(world):
+    # The host backend grows the memfd, then commits: a kill -9 between leaves the memfd
+    # larger than the committed capacity. Adoption trims it back and loses nothing.
     m = world.m
+    m.create("keep", ROOT, size=MiB, durable=True)
+    f = m.lookup("keep", ROOT)
+    m.write_at(f, 0, pattern(MiB))
+    m.sync(f)
+    os.ftruncate(f.buffer.fd, 6 * MiB)          # grown, not committed: then the crash
+    m = world.crash()
+    f = m.lookup("keep", ROOT)
+    assert world.summary["adopted"] == 1 and world.summary["lost"] == 0
+    assert (f.size, f.capacity) == (MiB, 2 * MiB)
+    assert os.fstat(f.buffer.fd).st_size == 2 * MiB and m.read_at(f, 0, MiB) == pattern(MiB)
+    clean(m)
+
+
+def test_host_resize_is_in_place(world):
+    m = world.m
+    m.create("keep", ROOT, size=MiB, durable=True)
+    f = m.lookup("keep", ROOT)
+    m.write_at(f, 0, pattern(MiB))
+    buf = f.buffer
+    m.resize(f, ROOT, 9 * MiB)
+    assert f.buffer is buf and f.capacity == 10 * MiB and m.backend.used == 10 * MiB
+    assert m.read_at(f, 0, 9 * MiB) == pattern(MiB) + bytes(8 * MiB)
+    m.resize(f, ROOT, 100)
+    assert f.buffer is buf and f.capacity == 2 * MiB and m.backend.used == 2 * MiB
+    m = world.crash()
+    f = m.lookup("keep", ROOT)
+    assert (f.size, f.capacity) == (100, 2 * MiB) and m.read_at(f, 0, 100) == pattern(100)
+    clean(m)
+
+
+def crash_resize_after(world, step):
+    """Resize a durable 1 MiB allocation to 5 MiB, crashing (an exception) at `step`. The
+    host backend resizes in place; this is the reallocating path the cuda backend takes."""
+    m = world.m
+    m.backend.resizes_in_place = False
     m.create("keep", ROOT, size=MiB, durable=True)
     f = m.lookup("keep", ROOT)
     m.write_at(f, 0, pattern(MiB))
@@ -151,6 +187,7 @@ def test_durable_resize_crash_after_commit_adopts_staged_copy(world):
 
 def test_durable_resize_crash_before_commit_keeps_old(world):
     m = world.m
+    m.backend.resizes_in_place = False          # the reallocating path (cuda's)
     m.create("keep", ROOT, size=MiB, durable=True)
     f = m.lookup("keep", ROOT)
     m.write_at(f, 0, pattern(MiB))
@@ -428,4 +465,89 @@ def test_pending_durable_then_resize_and_lost_refuses(world):
         m.resize(f, ROOT, 10)
     with pytest.raises(InvalidState):
         m.read_at(f, 0, 1)
+    clean(m)
+
+
+# ---- the mount's write path: growth, holes, deferred size commits, trimming ---------------
+def test_sequential_writes_grow_geometrically_and_trim_at_close(world):
+    m = world.m
+    s = m.open_session(ROOT)
+    f = touch(m, "f")
+    h = m.open_mount(f, ROOT, s, True)
+    capacities = []
+    for i in range(20):                                  # 20 MiB in 1 MiB writes
+        m.write_at(f, i * MiB, pattern(MiB), session=s)
+        capacities.append(f.capacity)
+    reallocations = len(set(capacities))
+    assert reallocations <= 5, capacities                # 2, 4, 8, 16, 32 MiB: not 10 copies
+    assert f.capacity == 32 * MiB and f.size == 20 * MiB
+    m.release_mount(h)
+    assert f.capacity == 20 * MiB                        # the spare went back
+    assert m.read_at(f, 0, 20 * MiB) == pattern(MiB) * 20
+    assert m.backend.used == 20 * MiB
+    clean(m)
+
+
+def test_write_past_the_end_leaves_a_zeroed_hole(world):
+    m = world.m
+    f = touch(m, "f")
+    m.write_at(f, 0, b"\xff" * 100)
+    m.resize(f, ROOT, 10)                                # garbage past the size stays there
+    m.write_at(f, 4096, b"end")                          # within the capacity: no realloc
+    assert m.read_at(f, 0, 4099) == b"\xff" * 10 + bytes(4086) + b"end"
+    m.write_at(f, 3 * MiB, b"far")                       # past it: reallocated
+    assert m.read_at(f, 4099, 3 * MiB - 4099 + 3) == bytes(3 * MiB - 4099) + b"far"
+    clean(m)
+
+
+def test_size_growth_commits_at_sync(world):
+    m = world.m
+    f = touch(m, "f")
+    m.write_at(f, 0, b"abc")                             # allocates: committed at once
+    m.write_at(f, 3, b"defg")                            # within the capacity: in memory
+    row = {r["id"]: r for r in m.registry.load_nodes()}[f.id]
+    assert (row["size"], f.size) == (3, 7)
+    assert f.dirty_from == 0 and f.dirty_to == 7
+    m.sync(f)
+    row = {r["id"]: r for r in m.registry.load_nodes()}[f.id]
+    assert row["size"] == 7 and f.dirty_to <= f.dirty_from
+    clean(m)
+
+
+def test_chmod_does_not_drop_an_uncommitted_size(world):
+    m = world.m
+    f = touch(m, "f")
+    m.write_at(f, 0, b"abc")
+    m.write_at(f, 3, b"def")
+    m.setattr(f.id, ROOT, mode=0o600)
+    m.sync(f)
+    assert {r["id"]: r for r in m.registry.load_nodes()}[f.id]["size"] == 6
+    clean(m)
+
+
+def test_unlinked_file_keeps_memory_while_open_on_the_mount(world):
+    m = world.m
+    s = m.open_session(ROOT)
+    f = touch(m, "f")
+    m.write_at(f, 0, b"data")
+    h = m.open_mount(f, ROOT, s, False)
+    m.unlink_child(ROOT_ID, "f", ROOT)
+    assert f.unlinked and f.buffer is not None and m.read_at(f, 0, 4) == b"data"
+    m.release_mount(h)
+    assert f.buffer is None and m.backend.used == 0
+    clean(m)
+
+
+def test_metadata_name_is_reserved_at_the_root(world):
+    m = world.m
+    for make in (lambda: touch(m, ".metadata"), lambda: m.mkdir(".metadata", ROOT),
+                 lambda: m.create(".metadata", ROOT, size=MiB)):
+        with pytest.raises(UsageError) as exc:
+            make()
+        assert "reserved" in str(exc.value) and errno_for(exc.value) == errno.EPERM
+    d = m.mkdir_child(ROOT_ID, "d", ROOT)
+    m.mkdir_child(d.id, ".metadata", ROOT)               # only the top level is reserved
+    touch(m, "x")
+    with pytest.raises(UsageError):
+        m.rename(ROOT_ID, "x", ROOT_ID, ".metadata", ROOT)
     clean(m)

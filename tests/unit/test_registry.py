@@ -34,10 +34,10 @@ def test_ids_are_never_reused(tmp_path):
     reg = Registry(str(tmp_path / "r.sqlite"))
     fields = dict(parent=1, kind="alloc", uid=0, gid=0, mode=0o600, created_ns=0,
                   modified_ns=0, changed_ns=0, state="ready")
-    with reg.transaction(durable=False):
+    with reg.transaction(durable=False, batch=True):
         first = reg.insert_node(name="a", **fields)
         reg.delete_node(first)
-    with reg.transaction(durable=False):
+    with reg.transaction(durable=False, batch=True):
         assert reg.insert_node(name="b", **fields) > first
     reg.close()
 
@@ -54,7 +54,7 @@ def test_newer_schema_is_refused(tmp_path):
 
 def test_events_filter_by_path_prefix(tmp_path):
     reg = Registry(str(tmp_path / "r.sqlite"))
-    with reg.transaction(durable=False):
+    with reg.transaction(durable=False, batch=True):
         for path in ("a", "a/b", "ab", "c"):
             reg.add_event("create", None, path, 0, os.getpid(), {"n": path}, 1)
     assert [e["path"] for e in reg.events(path="a")] == ["a", "a/b"]
@@ -70,7 +70,7 @@ def test_checkpoint_folds_the_wal_from_another_connection(tmp_path):
     fields = dict(parent=1, kind="alloc", uid=0, gid=0, mode=0o600, created_ns=0,
                   modified_ns=0, changed_ns=0, state="ready")
     for i in range(300):
-        with reg.transaction(durable=False):
+        with reg.transaction(durable=False, batch=True):
             reg.insert_node(name=f"n{i}", **fields)
     wal = tmp_path / "r.sqlite-wal"
     assert wal.stat().st_size > 0
@@ -79,3 +79,63 @@ def test_checkpoint_folds_the_wal_from_another_connection(tmp_path):
     assert wal.stat().st_size == 0
     reg.close()
     assert len(Registry(path).load_nodes()) == 301
+
+
+FIELDS = dict(parent=1, kind="alloc", uid=0, gid=0, mode=0o600, created_ns=0, modified_ns=0,
+              changed_ns=0, state="ready")
+
+
+def committed_names(path: str) -> list[str]:
+    """What another process (or the next start after a crash) would see."""
+    db = sqlite3.connect(path)
+    try:
+        return [r[0] for r in db.execute("SELECT name FROM nodes WHERE id > 1 ORDER BY id")]
+    finally:
+        db.close()
+
+
+def test_group_commit_batches_transient_changes(tmp_path):
+    path = str(tmp_path / "r.sqlite")
+    reg = Registry(path)
+    reg.group_commit = True
+    batches = []
+    reg.on_batch = lambda: batches.append(1)
+    with reg.transaction(durable=False, batch=True):
+        reg.insert_node(name="t1", **FIELDS)
+    with reg.transaction(durable=False, batch=True):
+        reg.insert_node(name="t2", **FIELDS)
+    assert batches == [1]                              # one flush scheduled for both
+    assert committed_names(path) == []                 # a crash now loses them (transient)
+    assert [r["name"] for r in reg.load_nodes()][1:] == ["t1", "t2"]   # this connection sees
+    with pytest.raises(RuntimeError):                  # a failed change leaves the batch
+        with reg.transaction(durable=False, batch=True):
+            reg.insert_node(name="bad", **FIELDS)
+            raise RuntimeError("boom")
+    reg.flush()
+    assert committed_names(path) == ["t1", "t2"]
+    with reg.transaction(durable=False, batch=True):
+        reg.insert_node(name="t3", **FIELDS)
+    with reg.transaction(durable=False):               # not batched (a directory, say):
+        reg.insert_node(name="n1", **FIELDS)           # commits the batch with itself
+    assert committed_names(path) == ["t1", "t2", "t3", "n1"]
+    with reg.transaction(durable=False, batch=True):
+        reg.insert_node(name="t3b", **FIELDS)
+    with reg.transaction(durable=True):                # and so does a durable change
+        reg.insert_node(name="d1", **FIELDS)
+    assert committed_names(path) == ["t1", "t2", "t3", "n1", "t3b", "d1"]
+    with reg.transaction(durable=False, batch=True):
+        reg.insert_node(name="t4", **FIELDS)
+    reg.close()                                        # a clean stop commits the batch
+    assert committed_names(path) == ["t1", "t2", "t3", "n1", "t3b", "d1", "t4"]
+
+
+def test_nested_durable_part_makes_the_commit_durable(tmp_path):
+    path = str(tmp_path / "r.sqlite")
+    reg = Registry(path)
+    reg.group_commit = True
+    with reg.transaction(durable=False, batch=True):
+        reg.insert_node(name="outer", **FIELDS)
+        with reg.transaction(durable=True):
+            reg.insert_node(name="inner", **FIELDS)
+    assert committed_names(path) == ["outer", "inner"]
+    reg.close()

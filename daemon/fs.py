@@ -1,0 +1,498 @@
+"""The FUSE filesystem (pyfuse3): every file an allocation, every directory a directory of
+the same namespace the socket API serves.
+
+The Operations class is a set of thin handlers over the AllocationManager: each translates
+the kernel's request into one manager call and the answer back. Protocol errors become
+`FUSEError(errno)` only here, through daemon/errno_map.py; an unexpected exception is logged
+with its traceback and answered EIO, so a bug fails one request and never the mount.
+
+Choices a user can observe (docs/mount.md says more):
+- Files are opened with direct I/O: reads and writes go to the device memory, never through
+  the page cache. The memory can change under the kernel (a client attached through the
+  socket writes it), and caching GPU memory in host RAM would double its footprint.
+  Consequence: shared mmap(2) of a file on the mount fails (ENODEV); map the memory with
+  `gpumemctl.Client.attach` instead. Private (copy-on-write) mappings work.
+- The kernel enforces permissions (default_permissions); the manager checks them again with
+  the same rules, except where the kernel's check is the only right one (setattr, I/O on an
+  open handle).
+- Entries and attributes are cached for ENTRY_TIMEOUT seconds; a change made through the
+  socket API invalidates them at once (the manager's watchers call this class).
+- `/.metadata/<path>` mirrors the tree read-only: directories as directories, each
+  allocation as a file holding what `gpumemctl info --json` prints. It is hidden from the
+  root's listing (like ZFS's .zfs) and is never an allocation.
+- Symbolic links: ENOTSUP. Hard links: EPERM. Device nodes and FIFOs: EPERM.
+- An unlinked file keeps its memory while it is open; the memory goes with its last close.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import os
+import stat
+
+import pyfuse3
+import trio
+
+from gpumemctl.protocol import GpumemError, NotFound, UsageError
+
+from . import xattrs
+from .describe import describe
+from .errno_map import errno_for
+from .manager import AllocationManager
+from .nodes import Allocation, Directory, Node
+from .permissions import Credentials, supplementary_groups
+from .registry import ROOT_ID
+from .sessions import Session
+
+log = logging.getLogger("gpumemd.fs")
+
+ENTRY_TIMEOUT = 5.0          # seconds; socket-side changes invalidate earlier (watchers)
+META_NAME = ".metadata"
+META_BASE = 1 << 62          # the .metadata mirror of node N has inode META_BASE + N
+BLOCK = 1 << 20              # st_blksize: cp and dd size their buffers by it
+STATFS_BLOCK = 4096
+
+
+class ProcGroups:
+    """A process's supplementary groups, read from /proc only if a check needs them (most
+    requests are decided by uid alone: root, or the owner)."""
+
+    def __init__(self, pid: int):
+        self.pid, self._groups = pid, None
+
+    def __contains__(self, gid: int) -> bool:
+        if self._groups is None:
+            self._groups = supplementary_groups(self.pid)
+        return gid in self._groups
+
+
+def credentials(ctx) -> Credentials:
+    return Credentials(pid=ctx.pid, uid=ctx.uid, gid=ctx.gid, groups=ProcGroups(ctx.pid))
+
+
+def decode_name(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"invalid name {raw!r}: names are UTF-8") from None
+
+
+def handler(method):
+    """The error boundary of every operation (see the module docstring). It also marks the
+    request as the mount's own, so the watchers do not invalidate what the kernel knows."""
+    @functools.wraps(method)
+    async def wrapper(self, *args):
+        self._own_request = True
+        try:
+            return method(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except GpumemError as exc:
+            log.debug("%s%r: %s", method.__name__, args[:2], exc)
+            raise pyfuse3.FUSEError(errno_for(exc)) from None
+        except Exception:
+            log.exception("%s%r failed", method.__name__, args[:2])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            self._own_request = False
+    return wrapper
+
+
+class MetaHandle:
+    """An open .metadata file: the JSON, fixed at open so reads are consistent."""
+
+    def __init__(self, text: bytes):
+        self.text = text
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+
+    def __init__(self, manager: AllocationManager, session: Session):
+        super().__init__()
+        self.m = manager
+        self.session = session          # the daemon's session: mount handles belong to it
+        self.handles: dict[int, object] = {}       # fh -> Holder | MetaHandle | dir snapshot
+        self._next_fh = 1
+        self._lookups: dict[int, int] = {}         # inode -> the kernel's lookup count
+        self._known: dict[int, Node] = {}          # inode -> node, while the kernel has it
+        self._own_request = False
+        self._stale: list[tuple[int, bytes | None]] = []    # (inode, name or None): settle()
+        self.mounted = False
+
+    # =====================================================================================
+    # inodes, attributes, the kernel's lookup count
+    # =====================================================================================
+    def _remember(self, node: Node) -> None:
+        self._lookups[node.id] = self._lookups.get(node.id, 0) + 1
+        self._known[node.id] = node
+
+    def _node(self, inode: int) -> Node:
+        """The node behind an inode: in the tree, or unlinked but still known to the
+        kernel (an open file whose name is gone)."""
+        node = self.m.nodes.get(inode) or self._known.get(inode)
+        if node is None:
+            raise NotFound(f"no node with inode {inode}")
+        return node
+
+    def _alloc(self, inode: int) -> Allocation:
+        node = self._node(inode)
+        if not isinstance(node, Allocation):
+            raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
+        return node
+
+    def _add_fh(self, value) -> int:
+        fh, self._next_fh = self._next_fh, self._next_fh + 1
+        self.handles[fh] = value
+        return fh
+
+    @staticmethod
+    def _attrs(node: Node) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.id
+        a.entry_timeout = a.attr_timeout = ENTRY_TIMEOUT
+        a.st_mode = node.st_mode
+        a.st_uid, a.st_gid = node.uid, node.gid
+        a.st_blksize = BLOCK
+        if isinstance(node, Allocation):
+            a.st_nlink = 0 if node.unlinked else 1
+            a.st_size = node.size or 0
+            a.st_blocks = (node.capacity or 0) // 512 if node.buffer is not None else 0
+        else:
+            a.st_nlink = 2 + node.subdirs
+            a.st_size = 0
+        a.st_mtime_ns = a.st_atime_ns = node.modified_ns
+        a.st_ctime_ns = node.changed_ns
+        a.st_birthtime_ns = node.created_ns
+        return a
+
+    # ---- the .metadata mirror ------------------------------------------------------------
+    @staticmethod
+    def _is_meta(inode: int) -> bool:
+        return inode >= META_BASE
+
+    def _meta_node(self, inode: int) -> Node:
+        node = self.m.nodes.get(inode - META_BASE)
+        if node is None:
+            raise NotFound(f"no metadata inode {inode}")
+        return node
+
+    @staticmethod
+    def _meta_text(node: Node) -> bytes:
+        return (json.dumps(describe(node, holders=True), indent=2) + "\n").encode()
+
+    def _meta_attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+        a = self._attrs(node)
+        a.st_ino = META_BASE + node.id
+        if isinstance(node, Directory):
+            a.st_mode = stat.S_IFDIR | (node.mode & 0o555)
+        else:
+            a.st_mode, a.st_nlink = stat.S_IFREG | 0o444, 1
+            a.st_size, a.st_blocks = len(self._meta_text(node)), 0
+        a.entry_timeout = a.attr_timeout = 0      # sizes and contents change all the time
+        return a
+
+    def _meta_lookup(self, parent_inode: int, name: str, cred: Credentials):
+        parent = self._meta_node(parent_inode)
+        return self._meta_attrs(self.m.lookup_child(parent.id, name, cred))
+
+    # =====================================================================================
+    # the manager's watchers: changes made through the socket API
+    # =====================================================================================
+    # The kernel must hear of a change before the socket client that made it gets its
+    # answer ("agree at once"), but telling it from this thread could deadlock: the kernel
+    # may wait for a directory lock held by a request that this thread is to answer. So
+    # changes are queued here and the socket server awaits settle() before it replies, which
+    # delivers them from a worker thread while this loop keeps answering the kernel.
+    def entry_changed(self, parent_id: int, name: str) -> None:
+        if self.mounted and not self._own_request and \
+                (parent_id == ROOT_ID or parent_id in self._known):
+            self._stale.append((parent_id, name.encode()))
+
+    def attrs_changed(self, node_id: int) -> None:
+        if self.mounted and not self._own_request and node_id in self._known:
+            self._stale.append((node_id, None))
+
+    async def settle(self) -> None:
+        if self._stale and self.mounted:
+            batch, self._stale = self._stale, []
+            await trio.to_thread.run_sync(_invalidate, batch)
+
+    # =====================================================================================
+    # lookup and attributes
+    # =====================================================================================
+    @handler
+    def lookup(self, parent_inode, name, ctx):
+        cred, text = credentials(ctx), decode_name(name)
+        if self._is_meta(parent_inode):
+            return self._meta_lookup(parent_inode, text, cred)
+        if parent_inode == ROOT_ID and text == META_NAME:
+            return self._meta_attrs(self.m.root)
+        node = self.m.lookup_child(parent_inode, text, cred)
+        self._remember(node)
+        return self._attrs(node)
+
+    @handler
+    def forget(self, inode_list):
+        for inode, count in inode_list:
+            left = self._lookups.get(inode, 0) - count
+            if left > 0:
+                self._lookups[inode] = left
+            else:
+                self._lookups.pop(inode, None)
+                self._known.pop(inode, None)
+
+    @handler
+    def getattr(self, inode, ctx):
+        if self._is_meta(inode):
+            return self._meta_attrs(self._meta_node(inode))
+        return self._attrs(self._node(inode))
+
+    @handler
+    def setattr(self, inode, attr, fields, fh, ctx):
+        """truncate/ftruncate, chmod, chown, utimes. The kernel has applied the permission
+        rules (default_permissions runs setattr_prepare), so the manager is told so."""
+        if self._is_meta(inode):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        cred, node = credentials(ctx), self._node(inode)
+        if fields.update_size:
+            self.m.resize(self._alloc(inode), cred, attr.st_size, session=self.session,
+                          authorised=True)
+        changes = {}
+        if fields.update_mode:
+            changes["mode"] = stat.S_IMODE(attr.st_mode)
+        if fields.update_uid:
+            changes["uid"] = attr.st_uid
+        if fields.update_gid:
+            changes["gid"] = attr.st_gid
+        if fields.update_mtime:
+            changes["mtime_ns"] = attr.st_mtime_ns
+        if fields.update_atime:
+            changes["atime_ns"] = attr.st_atime_ns
+        if changes:
+            self.m.setattr(node.id, cred, authorised=True, **changes)
+        return self._attrs(node)
+
+    # =====================================================================================
+    # namespace
+    # =====================================================================================
+    @handler
+    def mkdir(self, parent_inode, name, mode, ctx):
+        self._writable_parent(parent_inode)
+        node = self.m.mkdir_child(parent_inode, decode_name(name), credentials(ctx),
+                                  stat.S_IMODE(mode))
+        self._remember(node)
+        return self._attrs(node)
+
+    @handler
+    def create(self, parent_inode, name, mode, flags, ctx):
+        self._writable_parent(parent_inode)
+        cred = credentials(ctx)
+        alloc = self.m.create_pending(parent_inode, decode_name(name), cred,
+                                      stat.S_IMODE(mode))
+        holder = self.m.open_mount(alloc, cred, self.session, _writable(flags))
+        self._remember(alloc)
+        return self._file_info(self._add_fh(holder)), self._attrs(alloc)
+
+    @handler
+    def mknod(self, parent_inode, name, mode, rdev, ctx):
+        if not stat.S_ISREG(mode):
+            raise pyfuse3.FUSEError(errno.EPERM)    # no FIFOs, sockets or device nodes
+        self._writable_parent(parent_inode)
+        alloc = self.m.create_pending(parent_inode, decode_name(name), credentials(ctx),
+                                      stat.S_IMODE(mode))
+        self._remember(alloc)
+        return self._attrs(alloc)
+
+    @handler
+    def unlink(self, parent_inode, name, ctx):
+        self._writable_parent(parent_inode)
+        self.m.unlink_child(parent_inode, decode_name(name), credentials(ctx))
+
+    @handler
+    def rmdir(self, parent_inode, name, ctx):
+        self._writable_parent(parent_inode)
+        self.m.rmdir_child(parent_inode, decode_name(name), credentials(ctx))
+
+    @handler
+    def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise pyfuse3.FUSEError(errno.EINVAL)   # not supported (docs/mount.md)
+        self._writable_parent(parent_inode_old)
+        self._writable_parent(parent_inode_new)
+        self.m.rename(parent_inode_old, decode_name(name_old), parent_inode_new,
+                      decode_name(name_new), credentials(ctx),
+                      replace=not flags & pyfuse3.RENAME_NOREPLACE)
+
+    @handler
+    def link(self, inode, new_parent_inode, new_name, ctx):
+        raise pyfuse3.FUSEError(errno.EPERM)        # one name per allocation
+
+    @handler
+    def symlink(self, parent_inode, name, target, ctx):
+        raise pyfuse3.FUSEError(errno.ENOTSUP)
+
+    def _writable_parent(self, inode: int) -> None:
+        if self._is_meta(inode):
+            raise pyfuse3.FUSEError(errno.EROFS)
+
+    # =====================================================================================
+    # files
+    # =====================================================================================
+    @staticmethod
+    def _file_info(fh: int) -> pyfuse3.FileInfo:
+        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+
+    @handler
+    def open(self, inode, flags, ctx):
+        if self._is_meta(inode):
+            if _writable(flags):
+                raise pyfuse3.FUSEError(errno.EROFS)
+            node = self._meta_node(inode)
+            return self._file_info(self._add_fh(MetaHandle(self._meta_text(node))))
+        holder = self.m.open_mount(self._alloc(inode), credentials(ctx), self.session,
+                                   _writable(flags))
+        return self._file_info(self._add_fh(holder))
+
+    @handler
+    def read(self, fh, off, size):
+        handle = self.handles[fh]
+        if isinstance(handle, MetaHandle):
+            return handle.text[off:off + size]
+        return self.m.view_at(handle.alloc, off, size)
+
+    @handler
+    def write(self, fh, off, buf):
+        holder = self.handles[fh]
+        return self.m.write_at(holder.alloc, off, buf, session=self.session)
+
+    async def flush(self, fh):
+        # Sent at every close(2), synchronously. There is nothing to do before release (the
+        # last close) and fsync: ENOSYS makes the kernel stop sending it, one round trip
+        # less per close.
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    @handler
+    def fsync(self, fh, datasync):
+        holder = self.handles[fh]
+        if not isinstance(holder, MetaHandle):
+            self.m.sync(holder.alloc)
+
+    @handler
+    def release(self, fh):
+        handle = self.handles.pop(fh)
+        if not isinstance(handle, MetaHandle):
+            self.m.release_mount(handle)
+
+    # =====================================================================================
+    # directories
+    # =====================================================================================
+    @handler
+    def opendir(self, inode, ctx):
+        meta = self._is_meta(inode)
+        directory = self._meta_node(inode) if meta else self._node(inode)
+        if not isinstance(directory, Directory):
+            raise UsageError("not a directory", details={"errno": "ENOTDIR"})
+        # A snapshot: listing positions stay valid while entries come and go.
+        entries = sorted(directory.children.items())
+        return self._add_fh((meta, entries))
+
+    @handler
+    def readdir(self, fh, start_id, token):
+        meta, entries = self.handles[fh]
+        for index in range(start_id, len(entries)):
+            name, node = entries[index]
+            if self.m.nodes.get(node.id) is not node:
+                continue                       # removed since opendir
+            attrs = self._meta_attrs(node) if meta else self._attrs(node)
+            if not pyfuse3.readdir_reply(token, name.encode(), attrs, index + 1):
+                break
+            if not meta:
+                self._remember(node)
+
+    @handler
+    def releasedir(self, fh):
+        self.handles.pop(fh, None)
+
+    @handler
+    def fsyncdir(self, fh, datasync):
+        pass       # namespace changes are committed to the registry as they happen
+
+    @handler
+    def statfs(self, ctx):
+        devices = self.m.backend.devices()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = STATFS_BLOCK
+        s.f_blocks = sum(d.total for d in devices) // STATFS_BLOCK
+        s.f_bfree = s.f_bavail = sum(d.free for d in devices) // STATFS_BLOCK
+        s.f_files = 1 << 32
+        s.f_ffree = s.f_favail = s.f_files - len(self.m.nodes)
+        s.f_namemax = 255
+        return s
+
+    # =====================================================================================
+    # extended attributes (daemon/xattrs.py has the table)
+    # =====================================================================================
+    @handler
+    def getxattr(self, inode, name, ctx):
+        short = xattrs.short_name(name)
+        node = None if self._is_meta(inode) else self._node(inode)
+        if not isinstance(node, Allocation) or short not in xattrs.NAMES:
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        return xattrs.value_of(node, short).encode()
+
+    @handler
+    def listxattr(self, inode, ctx):
+        node = None if self._is_meta(inode) else self._node(inode)
+        if not isinstance(node, Allocation):
+            return []
+        return [(xattrs.PREFIX + n).encode() for n in xattrs.NAMES]
+
+    @handler
+    def setxattr(self, inode, name, value, ctx):
+        short = xattrs.short_name(name)
+        node = None if self._is_meta(inode) else self._node(inode)
+        if not isinstance(node, Allocation) or short not in xattrs.NAMES:
+            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        cred = credentials(ctx)
+        try:
+            if short == "size":
+                self.m.resize(node, cred, xattrs.parse_size_value(value), session=self.session)
+            elif short == "durable":
+                self.m.set_durable_node(node, cred, xattrs.parse_durable_value(value))
+            elif value.rstrip(b"\0\n") != xattrs.value_of(node, short).encode():
+                raise pyfuse3.FUSEError(errno.EPERM)         # read-only
+        except UsageError as exc:
+            log.info("setxattr %s on '%s' refused: %s", name.decode(errors="replace"),
+                     node.path, exc)
+            raise
+
+    @handler
+    def removexattr(self, inode, name, ctx):
+        short = xattrs.short_name(name)
+        node = None if self._is_meta(inode) else self._node(inode)
+        if not isinstance(node, Allocation) or short not in xattrs.NAMES:
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        if short != "durable":
+            raise pyfuse3.FUSEError(errno.EPERM)
+        self.m.set_durable_node(node, credentials(ctx), False)
+
+
+def _invalidate(batch: list[tuple[int, bytes | None]]) -> None:
+    """Tell the kernel to forget cached entries (name given) or attributes (name None)."""
+    for inode, name in batch:
+        try:
+            if name is None:
+                pyfuse3.invalidate_inode(inode, attr_only=True)
+            else:
+                pyfuse3.invalidate_entry(inode, name)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:      # ENOENT: nothing was cached
+                log.warning("cannot invalidate inode %d %r: %s", inode, name, exc)
+
+
+def _writable(flags: int) -> bool:
+    return flags & os.O_ACCMODE != os.O_RDONLY

@@ -1,0 +1,142 @@
+"""The mount's life: claim the mount point, mount, serve in the daemon's trio loop, unmount.
+
+A kill -9 of gpumemd leaves its mount behind, answering ENOTCONN ("Transport endpoint is not
+connected") to everything. The next start detaches it (fusermount3 -u -z, or umount -l as
+root) before mounting again; if that fails it refuses to start and names the command to run.
+A mount point that is a live mount of something else is refused: gpumemd never mounts over
+another filesystem.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import subprocess
+
+import pyfuse3
+import trio
+
+from .fs import Operations
+from .manager import DAEMON, AllocationManager
+
+log = logging.getLogger("gpumemd")
+SETTLE_SECONDS = 0.05
+
+
+class MountError(Exception):
+    """A reason the mount point cannot be used, in one line with the fix."""
+
+
+def _mount_table() -> dict[str, str]:
+    """mount point -> filesystem type, from /proc/self/mounts."""
+    table = {}
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 3:
+                table[fields[1].replace("\\040", " ")] = fields[2]
+    return table
+
+
+def _detach(path: str) -> None:
+    """Lazily unmount a dead mount: fusermount3 works for the user who mounted it, umount
+    for root."""
+    commands = [["fusermount3", "-u", "-z", path]]
+    if os.geteuid() == 0:
+        commands.append(["umount", "-l", path])
+    for command in commands:
+        if shutil.which(command[0]):
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode == 0:
+                return
+            log.debug("%s: %s", " ".join(command), result.stderr.strip())
+
+
+def claim_mount_point(path: str) -> None:
+    """Make `path` ready to mount on: created if missing, a stale gpumemd mount cleaned.
+
+    A dead mount is found by statvfs, which the kernel never answers from its cache (a
+    stat of the root may be served from cached attributes for a while after the crash)."""
+    kind = _mount_table().get(path)
+    if kind is not None:
+        try:
+            os.statvfs(path)
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:
+                raise MountError(f"mount point {path}: {exc.strerror}") from None
+            log.warning("%s is a stale mount (its daemon died); unmounting it", path)
+            _detach(path)
+            kind = _mount_table().get(path)
+            if kind is not None:
+                raise MountError(f"{path} is a stale FUSE mount that could not be removed; "
+                                 f"run `fusermount3 -u -z {path}` (or `umount -l {path}` "
+                                 "as root) and start again") from None
+        else:
+            raise MountError(f"{path} is already a mount point ({kind}); unmount it or "
+                             "choose another --mount")
+    try:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        raise MountError(f"cannot create mount point {path}: {exc.strerror}") from None
+    if not os.path.isdir(path):
+        raise MountError(f"mount point {path} is not a directory")
+
+
+def mount_options() -> set[str]:
+    options = {"fsname=gpumemd", "subtype=gpumem", "default_permissions"}
+    if os.geteuid() == 0:
+        # Other users reach their own allocations; default_permissions still applies.
+        options.add("allow_other")
+    return options
+
+
+class Mount:
+    """The filesystem at `path`, served by the manager; serve() runs in the daemon's nursery."""
+
+    def __init__(self, manager: AllocationManager, path: str):
+        self.manager, self.path = manager, os.path.abspath(path)
+        self.session = manager.open_session(DAEMON, client="mount")
+        self.ops = Operations(manager, self.session)
+
+    def open(self) -> None:
+        """Claim the mount point and mount (before the event loop starts, so that a failure
+        is a plain start-up error)."""
+        claim_mount_point(self.path)
+        try:
+            pyfuse3.init(self.ops, self.path, mount_options())
+        except RuntimeError as exc:
+            raise MountError(f"cannot mount {self.path}: {exc} (is /dev/fuse there, and "
+                             "fusermount3 installed?)") from None
+        self.manager.watchers.append(self.ops)
+        self.ops.mounted = True
+        log.info("mounted %s", self.path)
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Answer the kernel until cancelled (daemon stop), then unmount."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._settle_stragglers)
+                task_status.started()
+                await pyfuse3.main()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.close()
+
+    async def _settle_stragglers(self) -> None:
+        """Changes no socket request waits for (a crashed client's lease released) reach
+        the kernel here."""
+        while True:
+            await trio.sleep(SETTLE_SECONDS)
+            await self.ops.settle()
+
+    def close(self) -> None:
+        if not self.ops.mounted:
+            return
+        self.ops.mounted = False
+        with contextlib.suppress(ValueError):
+            self.manager.watchers.remove(self.ops)
+        pyfuse3.close(unmount=True)
+        self.manager.close_session(self.session)
+        log.info("unmounted %s", self.path)

@@ -1,0 +1,36 @@
+"""POSIX behaviour of the mount, one test per operation (helpers in tests/mount/posix.py).
+
+All helpers run on one mount, each leaving it empty, and the consistency check (`gpumemctl
+check`) must be clean afterwards."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from . import posix
+
+
+@pytest.fixture(scope="module")
+def shared_mount(tmp_path_factory):
+    """One daemon for the whole module: the helpers clean up after themselves."""
+    from tests.conftest import Daemon, make_base_dir
+    from .conftest import BACKEND, _fuse_missing
+    reason = _fuse_missing()
+    if reason:
+        pytest.skip(reason)
+    extra = ["--host-capacity", "1G"] if BACKEND == "host" else []
+    d = Daemon(make_base_dir(), backend=BACKEND, mount=True, extra_args=extra).start()
+    yield d
+    d.stop()
+    d.cleanup()
+    log = d.log()
+    assert "Traceback" not in log and " ERROR: " not in log, log[-4000:]
+
+
+@pytest.mark.parametrize("check", posix.ALL, ids=[f.__name__[4:] for f in posix.ALL])
+def test_posix(shared_mount, check):
+    check(shared_mount.mnt)
+    assert os.listdir(shared_mount.mnt) == []
+    assert shared_mount.cli_json("ls") == []
+    shared_mount.cli("check", check=True)
