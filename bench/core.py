@@ -71,6 +71,29 @@ def clean_env() -> dict:
     return env
 
 
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def file_sha256(path: str, chunk: int = 1 << 20) -> str:
+    """sha256 of a file, read into one reused buffer."""
+    digest, buf = hashlib.sha256(), bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def emit(fig: dict, rows: list[dict], as_json: bool, print_table) -> None:
+    """The end of every bench script: the rows and raw figures as JSON, or the table."""
+    if as_json:
+        json.dump({"rows": rows, "figures": fig}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_table(fig, rows)
+
+
 def pct(values: list[float], p: float) -> float:
     """Percentile by linear interpolation between closest ranks (p in 0..100)."""
     s = sorted(values)
@@ -552,11 +575,7 @@ def main(argv=None) -> int:
         else:
             shutil.rmtree(base, ignore_errors=True)
     rows = rows_from(fig)
-    if args.json:
-        json.dump({"rows": rows, "figures": fig}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print_table(fig, rows)
+    emit(fig, rows, args.json, print_table)
     return 0 if all(r["ok"] != "NO" for r in rows) else 1
 
 

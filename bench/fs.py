@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import platform
 import re
@@ -174,13 +173,7 @@ def make_source(path: str, size: int, chunk: int = 64 * MiB) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: str, chunk: int = MiB) -> str:
-    digest, buf = hashlib.sha256(), bytearray(chunk)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-    return digest.hexdigest()
+file_sha256 = core.file_sha256
 
 
 DD_SUMMARY = re.compile(r"^(\d+) bytes .*copied, ([0-9.e+-]+) s,", re.MULTILINE)
@@ -254,8 +247,7 @@ def phase_seq(dirs: dict, src: str, src_hash: str, size: int, warmup: int, runs:
     return out
 
 
-def gbps(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e9
+gbps = core.gbps
 
 
 def seq_summary(results: list[dict], size: int) -> dict:
@@ -470,11 +462,7 @@ def main(argv=None) -> int:
         else:
             shutil.rmtree(base, ignore_errors=True)
     rows = rows_from(fig)
-    if args.json:
-        json.dump({"rows": rows, "figures": fig}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print_table(fig, rows)
+    core.emit(fig, rows, args.json, print_table)
     return 0
 
 

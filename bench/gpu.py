@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import signal
@@ -62,8 +61,7 @@ class GpuDaemon(core.Daemon):
         return t0
 
 
-def gbps(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 1e9
+gbps = core.gbps
 
 
 # ---- 1. the yardstick ---------------------------------------------------------------------------
@@ -143,12 +141,7 @@ def make_file(path: str, size: int) -> str:
     return digest.hexdigest()
 
 
-def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(64 * MiB):
-            digest.update(chunk)
-    return digest.hexdigest()
+sha256_file = core.file_sha256
 
 
 def cli(d: GpuDaemon, *args: str) -> float:
@@ -365,11 +358,7 @@ def main(argv=None) -> int:
         else:
             shutil.rmtree(base, ignore_errors=True)
     rows = rows_from(fig)
-    if args.json:
-        json.dump({"rows": rows, "figures": fig}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print_table(fig, rows)
+    core.emit(fig, rows, args.json, print_table)
     missed = any(r["ok"] == "NO" for r in rows)
     return 1 if (missed and args.strict) else 0
 

@@ -89,13 +89,17 @@ def claim_socket(path: str) -> None:
 async def supervise_keeper(manager: AllocationManager) -> None:
     """Watch the keeper; if it dies, start a new one and hand it every durable fd again."""
     while True:
-        raw = manager.keeper.watch_socket()
-        if raw is None:                  # systemd's fd store needs no watching
-            return
-        watch = trio.socket.from_stdlib_socket(raw)
-        with watch:
-            while await watch.recv(4096):
-                pass
+        try:
+            raw = manager.keeper.watch_socket()
+        except (KeeperGone, OSError) as exc:   # died (or its socket went) before we watched
+            log.warning("cannot watch the keeper: %s", exc)
+        else:
+            if raw is None:                  # systemd's fd store needs no watching
+                return
+            watch = trio.socket.from_stdlib_socket(raw)
+            with watch:
+                while await watch.recv(4096):
+                    pass
         log.warning("the keeper died; starting a new one and re-depositing durable memory")
         await trio.sleep(0.05)
         try:

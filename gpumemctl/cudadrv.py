@@ -298,20 +298,42 @@ _ctx_lock = threading.Lock()
 
 def primary_context(index: int):
     """The device's primary context, retained once for the life of the process."""
+    ctx = _contexts.get(index)
+    if ctx is not None:
+        return ctx
     with _ctx_lock:
         if index not in _contexts:
             _contexts[index] = _cu("cuDevicePrimaryCtxRetain", _device(index))
         return _contexts[index]
 
 
+_current = threading.local()     # .index: the device whose primary context this thread has
+                                 # current through context() or make_current()
+
+
 @contextlib.contextmanager
 def context(index: int):
-    """Make the device's primary context current for the calls inside."""
+    """Make the device's primary context current for the calls inside. Free when it is
+    current already (a thread that called make_current(), or a nested use)."""
+    before = getattr(_current, "index", None)
+    if before == index:
+        yield
+        return
     _cu("cuCtxPushCurrent", primary_context(index))
+    _current.index = index
     try:
         yield
     finally:
+        _current.index = before
         _cu("cuCtxPopCurrent")
+
+
+def make_current(index: int) -> None:
+    """Make the device's primary context this thread's current one for good, so that
+    context(index) costs no driver call (the daemon's I/O thread: two calls less per FUSE
+    request)."""
+    _cu("cuCtxSetCurrent", primary_context(index))
+    _current.index = index
 
 
 def release_contexts() -> None:
@@ -635,11 +657,21 @@ class Stager:
         mount's read path hands the view straight to the kernel."""
         if length > self.chunk:
             raise ValueError(f"read_view of {length} bytes: at most {self.chunk}")
-        buf, stream = self.buffers[0], self.streams[0]
+        buf = self.buffers[0]        # idle: every call of this class ends synchronised
         with context(self.device):
-            memcpy_dtoh_async(buf.ptr, dptr, length, stream)
-            stream_synchronize(stream)
+            memcpy_dtoh(buf.ptr, dptr, length)   # to pinned memory: synchronous, one call
         return buf.view[:length]
+
+    def write_small(self, dptr: int, data) -> None:
+        """Copy `data`, at most `chunk` bytes, to dptr through the first staging buffer:
+        one host copy and one synchronous DMA (pinned to device), no stream bookkeeping."""
+        src = memoryview(data).cast("B")
+        if len(src) > self.chunk:
+            raise ValueError(f"write_small of {len(src)} bytes: at most {self.chunk}")
+        buf = self.buffers[0]
+        buf.view[:len(src)] = src
+        with context(self.device):
+            memcpy_htod(dptr, buf.ptr, len(src))
 
     def read_bytes(self, dptr: int, length: int) -> bytes:
         """Device bytes [dptr, dptr+length) as bytes, through the staging buffers."""

@@ -76,6 +76,9 @@ class CudaBackend(Backend):
                 "no usable CUDA device: " + ("; ".join(self.skipped) or "none visible") +
                 " (gpumemd needs VMM with POSIX-fd handles; see gpumemctl doctor)")
         self._stagers: dict[int, cudadrv.Stager] = {}
+        # The daemon does its own I/O on this (its event loop's) thread: keep the first
+        # device's context current, so each mount request pays no context push and pop.
+        cudadrv.make_current(self._devices[0].index)
 
     @staticmethod
     def _probe(index: int) -> _Device:
@@ -202,7 +205,11 @@ class CudaBackend(Backend):
         return self._stager(buf.index).read_bytes(self._mapping(buf).ptr + offset, length)
 
     def write(self, buf: CudaBuffer, offset: int, data) -> None:
-        self._stager(buf.index).write_bytes(self._mapping(buf).ptr + offset, data)
+        stager = self._stager(buf.index)
+        if len(data) <= stager.chunk:          # the mount's requests: at most 1 MiB
+            stager.write_small(self._mapping(buf).ptr + offset, data)
+        else:
+            stager.write_bytes(self._mapping(buf).ptr + offset, data)
 
     def view(self, buf: CudaBuffer, offset: int, length: int) -> memoryview:
         stager = self._stager(buf.index)

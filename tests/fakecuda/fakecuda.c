@@ -197,6 +197,13 @@ CUresult cuCtxPopCurrent(CUcontext *ctx) {
     return CUDA_SUCCESS;
 }
 
+/* As the driver: replace the top of the stack (push onto an empty one). */
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (ctx_depth == 0) ctx_stack[ctx_depth++] = ctx;
+    else ctx_stack[ctx_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuCtxSynchronize(void) { return ctx_depth ? 0 : CUDA_ERROR_INVALID_CONTEXT; }
 
 CUresult cuMemGetInfo(size_t *free_bytes, size_t *total) {
@@ -464,7 +471,7 @@ static const struct entry table[] = {
     E(cuInit), E(cuDriverGetVersion), E(cuGetErrorName), E(cuGetErrorString),
     E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetName), E(cuDeviceGetUuid),
     E(cuDeviceTotalMem), E(cuDeviceGetAttribute), E(cuDevicePrimaryCtxRetain),
-    E(cuDevicePrimaryCtxRelease), E(cuCtxPushCurrent), E(cuCtxPopCurrent), E(cuCtxSynchronize),
+    E(cuDevicePrimaryCtxRelease), E(cuCtxPushCurrent), E(cuCtxPopCurrent), E(cuCtxSetCurrent), E(cuCtxSynchronize),
     E(cuMemGetInfo), E(cuMemGetAllocationGranularity), E(cuMemCreate), E(cuMemRelease),
     E(cuMemExportToShareableHandle), E(cuMemImportFromShareableHandle),
     E(cuMemGetAllocationPropertiesFromHandle), E(cuMemAddressReserve),

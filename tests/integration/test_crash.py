@@ -173,3 +173,21 @@ def test_second_daemon_on_same_state_dir_or_socket_is_refused(daemon, daemon_fac
     assert other.proc.wait(20) == 1
     assert "another gpumemd is serving" in other.log()
     daemon.cli("ls", check=True)
+
+
+def test_keeper_socket_removed_under_a_live_daemon(daemon):
+    """Someone removes the keeper's socket (an `rm -rf` of the state directory, say): the
+    keeper exits (nobody could reach it), and the daemon starts a new one and re-deposits,
+    whether the old keeper's exit or the watch fails first. The daemon keeps serving."""
+    data = fill(daemon, SIZES)
+    old = daemon.keeper_pid()
+    os.unlink(os.path.join(daemon.state_dir, "keeper.sock"))
+
+    def new_keeper_holding_all():
+        k = daemon.cli_json("status")["keeper"]
+        return k.get("alive") and k["pid"] != old and k["held"] == len(SIZES) and k
+    wait_for(new_keeper_holding_all, 15, what="a new keeper holding every fd")
+    assert daemon.proc.poll() is None
+    daemon.kill9()
+    daemon.start()
+    assert_intact(daemon, data)

@@ -52,9 +52,10 @@ MAX_END = 8 * MiB                      # no write or truncate goes past this
 BOUNDARIES = (0, 1, 4095, 4096, 4097, MiB - 1, MiB, MiB + 1, GRANULE - 1, GRANULE,
               GRANULE + 1, 2 * GRANULE - 1, 2 * GRANULE, 3 * MiB, 6 * MiB)
 
-# Hypothesis ends some examples early (its mutator replays short prefixes), so 60 examples
-# of up to 100 steps make the 5,000 operations.
-EXAMPLES, STEPS = 60, 100
+# Hypothesis ends some examples early (its mutator replays short prefixes; how many depends
+# on its version: 60 examples of up to 100 steps made 5,008 operations with one, 4,026 with
+# another), so 90 examples leave room for the 5,000 operations.
+EXAMPLES, STEPS = 90, 100
 OPERATIONS = 5000
 
 LENGTHS = st.one_of(
@@ -556,7 +557,7 @@ def test_fsx(mounted):
     # reaching these would otherwise pass silently). The invariant that counts steps also
     # runs once after each example's initialize.
     operations = stats["steps"] - stats["examples"]
-    assert operations >= OPERATIONS * 0.9, f"only {operations} operations ran"
+    assert operations >= OPERATIONS, f"only {operations} operations ran"
     for what in ("write past EOF (hole)", "write growing past a granule", "truncate grow",
                  "truncate shrink", "rename over an existing file", "rename across directories",
                  "rename over an open file", "unlink of an open file",
