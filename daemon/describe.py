@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import functools
 
+from .ecc.layout import BLOCK
 from .nodes import Allocation, Node
 
 
@@ -14,6 +15,17 @@ from .nodes import Allocation, Node
 def iso(ns: int) -> str:
     dt = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def damaged_ranges(alloc: Allocation) -> list[list[int]]:
+    """Bytes ECC could not repair, as [start, end) ranges (neighbouring blocks merged)."""
+    out: list[list[int]] = []
+    for b in sorted(alloc.damaged):
+        if out and out[-1][1] == b * BLOCK:
+            out[-1][1] += BLOCK
+        else:
+            out.append([b * BLOCK, (b + 1) * BLOCK])
+    return out
 
 
 def describe(node: Node, *, holders: bool = False) -> dict:
@@ -29,6 +41,7 @@ def describe(node: Node, *, holders: bool = False) -> dict:
         "device": node.device, "durable": node.durable, "state": node.state,
         "ecc": node.ecc, "parity_generation": node.parity_gen, "checksum": node.checksum,
         "refcount": node.refcount, "leased": node.leased, "unsealed": node.unsealed,
+        "damaged": damaged_ranges(node),
     }
     if holders:
         info["holders"] = [h.to_dict() for h in node.holders.values()]

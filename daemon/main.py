@@ -45,6 +45,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"registry and keeper socket (default {default_state_dir()})")
     p.add_argument("--mount", default=None, metavar="DIR",
                    help="serve the allocations as a filesystem at DIR (no mount by default)")
+    p.add_argument("--enable-fault-injection", action="store_true",
+                   help="allow `gpumemctl debug corrupt` (root or this user; tests, drills)")
     p.add_argument("--host-capacity", default=None, metavar="SIZE",
                    help="bytes the host backend may hand out (default: half of RAM)")
     p.add_argument("--log-level", default="info",
@@ -193,7 +195,9 @@ def _main(args) -> int:
     log.info("backend %s chosen (%s)", backend.name, why)
     registry = Registry(os.path.join(state_dir, "registry.sqlite"))
     keeper = open_keeper(state_dir)
+    backend.ecc_cache_dir = os.path.join(state_dir, "ecc-cache")   # compiled GPU kernels
     manager = AllocationManager(registry, backend, keeper)
+    manager.fault_injection = args.enable_fault_injection
     summary = manager.start()
     log.info("registry loaded: %(adopted)d adopted, %(lost)d lost, %(orphans_freed)d orphans "
              "freed, %(transients_dropped)d stale transients dropped", summary)

@@ -26,13 +26,15 @@ import time
 from typing import Callable
 
 from gpumemctl.protocol import (Busy, Exists, InternalError, InvalidState, NoMemory,
-                                NotFound, PermissionDenied, UsageError, check_component,
-                                format_size, round_up, split_path)
+                                NotFound, PermissionDenied, Uncorrectable, UsageError,
+                                check_component, format_size, round_up, split_path)
 
 from .backends import Backend
-from .describe import describe
+from .describe import damaged_ranges, describe
 from .keeper_link import KeeperGone
 from .nodes import Allocation, Directory, Holder, Node
+from .ecc.layout import BLOCK
+from .parity import Parity, block_range, protected_blocks
 from .permissions import Credentials, R, W, X, may_remove_from, require, require_owner
 from .registry import ROOT_ID, Registry
 from .sessions import Session
@@ -87,6 +89,8 @@ class AllocationManager:
         # its dentries and attributes): watcher.entry_changed(parent_id, name) and
         # watcher.attrs_changed(node_id).
         self.watchers: list = []
+        self.parity = Parity(backend)
+        self.fault_injection = False         # gpumemd --enable-fault-injection
 
     # =====================================================================================
     # start and stop
@@ -97,6 +101,8 @@ class AllocationManager:
         self.keeper.ensure_running()
         kept = self.keeper.fetch_all()
         summary = {"adopted": 0, "lost": 0, "orphans_freed": 0, "transients_dropped": 0}
+        clean_stop = self.registry.meta("clean_stop") != "0"
+        damage = self.registry.damage()
         with self._change(durable=True):
             self.registry.clear_holders()
             for alloc in [n for n in self.nodes.values() if isinstance(n, Allocation)]:
@@ -116,8 +122,38 @@ class AllocationManager:
             for key, fds in kept.items():
                 self._free_orphan(key, fds)
                 summary["orphans_freed"] += 1
+            self.registry.set_meta("clean_stop", "0")
+            summary["parity_rebuilt_blocks"] = self._settle_parity(damage, clean_stop)
             self._event("start", None, None, backend=self.backend.name, **summary)
         return summary
+
+    def _settle_parity(self, damage: dict[int, set[int]], clean_stop: bool) -> int:
+        """After adoption: give each protected allocation its parity. Kept parity is used
+        as it is after a clean stop. After a crash, writes that were in flight (synced to
+        the device, not yet to the parity) make their blocks fail to verify: the data is
+        what the writers left, so those blocks' parity is rebuilt from it rather than the
+        data "repaired" back (docs/ecc.md, "After a crash")."""
+        rebuilt = 0
+        for alloc in self.allocations():
+            alloc.damaged = damage.get(alloc.id, set())
+            if not self.parity.wanted(alloc):
+                continue
+            if alloc.parity is None or alloc.parity.capacity != self.parity.size_for(alloc) \
+                    or alloc.parity.blocks != alloc.capacity // BLOCK:
+                self.parity.free(alloc)
+                self.parity.ensure(alloc)
+                self._deposit(alloc)
+                rebuilt += protected_blocks(alloc)
+            elif not clean_stop and not alloc.unsealed:
+                found = self.parity.check(alloc, 0, protected_blocks(alloc), repair=False)
+                for b in found["damaged"]:
+                    if b not in alloc.damaged:
+                        self.parity.encode(alloc, b * BLOCK, (b + 1) * BLOCK)
+                        rebuilt += 1
+        if rebuilt:
+            log.info("parity rebuilt for %d blocks (%s)", rebuilt,
+                     "after an unclean stop" if not clean_stop else "none was kept")
+        return rebuilt
 
     def _load_tree(self) -> None:
         rows = self.registry.load_nodes()
@@ -143,6 +179,7 @@ class AllocationManager:
             return Directory(**common)
         return Allocation(**common, size=row["size"], capacity=row["capacity"],
                           device=row["device"], durable=bool(row["durable"]),
+                          unsealed=bool(row["unsealed"]),
                           state=row["state"], ecc=row["ecc"], parity_gen=row["parity_gen"],
                           checksum=row["checksum"])
 
@@ -154,13 +191,17 @@ class AllocationManager:
         copies = [(k, f) for k, f in ((alloc.id, fds), (-alloc.id, staged)) if f is not None]
         error: Exception | None = None
         for i, (key, kept_fds) in enumerate(copies):
+            data_fds, parity_fds = kept_fds[:1], kept_fds[1:]
             try:
-                alloc.buffer = self.backend.adopt(kept_fds, alloc.capacity, alloc.device)
+                alloc.buffer = self.backend.adopt(data_fds, alloc.capacity, alloc.device)
             except Exception as exc:  # noqa: BLE001 - this copy is not the committed one
                 error = exc
+                for fd in parity_fds:
+                    os.close(fd)
                 with contextlib.suppress(KeeperGone):
                     self.keeper.withdraw(key)
                 continue
+            self._adopt_parity(alloc, parity_fds)
             for other_key, other_fds in copies[i + 1:]:
                 self._free_orphan(other_key, other_fds)
             if key != alloc.id:     # the resize committed: its copy becomes the kept one
@@ -174,6 +215,21 @@ class AllocationManager:
             return True
         self._mark_lost(alloc, f"re-adoption failed: {error}")
         return False
+
+    def _adopt_parity(self, alloc: Allocation, fds: list[int]) -> None:
+        """Take back the parity the keeper kept; a missing or wrong-sized one is rebuilt
+        from the data by _settle_parity."""
+        if not fds:
+            return
+        if alloc.ecc != "rs":
+            for fd in fds:
+                os.close(fd)
+            return
+        try:
+            alloc.parity = self.backend.adopt(fds, self.parity.size_for(alloc), alloc.device)
+            alloc.parity.blocks = alloc.capacity // BLOCK
+        except Exception as exc:  # noqa: BLE001 - rebuilt from the data instead
+            log.warning("kept parity of '%s' unusable (%s); rebuilding it", alloc.path, exc)
 
     def _mark_lost(self, alloc: Allocation, reason: str) -> None:
         alloc.state = "lost"
@@ -197,11 +253,10 @@ class AllocationManager:
                 if not alloc.durable:
                     self._forget_node(alloc)
             self.registry.clear_holders()
+            self.registry.set_meta("clean_stop", "1")
             self._event("stop", None, None)
         for alloc in [n for n in self.nodes.values() if isinstance(n, Allocation)]:
-            if alloc.buffer is not None:
-                self.backend.free(alloc.buffer)
-                alloc.buffer = None
+            self._free_buffer(alloc)
         self.keeper.close()
 
     # =====================================================================================
@@ -428,8 +483,10 @@ class AllocationManager:
         require(parent, cred, W | X, "create entries in")
         dev = self.backend.device(device)
         capacity = round_up(size, dev.granularity)
-        self.backend.check_free(dev, capacity, requested=size)
+        self.backend.check_free(dev, capacity + self.parity.extra(ecc, dev, capacity),
+                                requested=size)
         buf = self.backend.allocate(capacity, dev.uuid, label="/".join(parts))
+        alloc = None
         try:
             with self._change(durable=durable, batch=not durable and not missing):
                 directory = self._insert_dirs(parent, missing, cred, DEFAULT_DIR_MODE)
@@ -437,6 +494,7 @@ class AllocationManager:
                     Allocation, directory, parts[-1], cred, mode, size=size,
                     capacity=capacity, device=dev.uuid, durable=durable, state="ready",
                     ecc=ecc, parity_gen=0, buffer=buf, leased=lease)
+                self.parity.ensure(alloc, fresh=True)
                 if durable:
                     self._deposit(alloc)
                 self._event("create", alloc, cred, size=size, capacity=capacity,
@@ -446,6 +504,8 @@ class AllocationManager:
                 with contextlib.suppress(KeeperGone, InternalError):
                     self.keeper.withdraw(self._last_insert_id)
             self.backend.free(buf)
+            if alloc is not None:
+                self.parity.free(alloc)
             raise
         if lease:
             self._add_holder(alloc, session, "lease")
@@ -465,7 +525,10 @@ class AllocationManager:
         return describe(existing, holders=True)
 
     def _deposit(self, alloc: Allocation) -> None:
+        """Hand the keeper the allocation's fds: [data] or [data, parity]."""
         fds = self.backend.keeper_fds(alloc.buffer)
+        if alloc.parity is not None:
+            fds += self.backend.keeper_fds(alloc.parity)
         try:
             self.keeper.deposit(alloc.id, fds, {"capacity": alloc.capacity,
                                                 "device": alloc.device})
@@ -536,6 +599,7 @@ class AllocationManager:
         if alloc.buffer is not None:
             self.backend.free(alloc.buffer)
             alloc.buffer = None
+        self.parity.free(alloc)
 
     @staticmethod
     def _busy_message(alloc: Allocation) -> str:
@@ -675,7 +739,8 @@ class AllocationManager:
         dev = self.backend.device(alloc.device)
         fit = max(dev.granularity, round_up(size, dev.granularity))
         capacity = max(fit, capacity or 0)
-        if alloc.state == "pending":
+        old_size, fresh = alloc.size, alloc.state == "pending"
+        if fresh:
             self._allocate_pending(alloc, cred, dev, size, capacity)
         elif capacity == alloc.capacity:          # keep the memory: no copy at all
             if size > alloc.size:
@@ -683,13 +748,24 @@ class AllocationManager:
             self._commit_size(alloc, cred, size, capacity, alloc.size)
         else:
             self._reallocate(alloc, cred, dev, size, capacity)
+        self._protect_resized(alloc, old_size, fresh)
         return alloc
+
+    def _protect_resized(self, alloc: Allocation, old_size: int, fresh: bool) -> None:
+        """After a resize: parity sized for the new capacity (a new region is encoded
+        whole), or, with the same capacity, the blocks between the two sizes re-encoded."""
+        if self.parity.ensure(alloc, fresh=fresh, keep_below=min(old_size or 0, alloc.size)):
+            if alloc.durable and not alloc.unlinked:
+                self._deposit(alloc)
+        elif alloc.parity is not None and not alloc.unsealed:
+            self.parity.encode(alloc, min(old_size, alloc.size), max(old_size, alloc.size))
 
     def _allocate_pending(self, alloc: Allocation, cred: Credentials, dev, size: int,
                           capacity: int) -> None:
         """Same order as create: allocate, deposit (durable), commit. A crash before the
         commit leaves the row pending and the keeper's copy an orphan the next start frees."""
-        self.backend.check_free(dev, capacity, requested=size)
+        self.backend.check_free(dev, capacity + self.parity.extra(alloc.ecc, dev, capacity),
+                                requested=size)
         alloc.buffer = self.backend.allocate(capacity, dev.uuid, label=alloc.path)
         alloc.device, alloc.state = dev.uuid, "ready"
         try:
@@ -855,7 +931,18 @@ class AllocationManager:
         if end <= offset:
             return memoryview(b"")
         self._require_memory(alloc)
+        if alloc.damaged:
+            self._require_undamaged(alloc, offset, end)
         return self.backend.view(alloc.buffer, offset, end - offset)
+
+    @staticmethod
+    def _require_undamaged(alloc: Allocation, start: int, end: int) -> None:
+        hit = sorted(b for b in block_range(start, end) if b in alloc.damaged)
+        if hit:
+            raise Uncorrectable(
+                f"'{alloc.path}': bytes {hit[0] * BLOCK}-{(hit[-1] + 1) * BLOCK - 1} are "
+                "damaged beyond repair; `gpumemctl recover` retries the repair",
+                details={"blocks": hit})
 
     def flush_times(self, alloc: Allocation) -> None:
         """Commit the size and modified time that write_at() changed in memory."""
@@ -878,8 +965,16 @@ class AllocationManager:
             alloc.dirty_from, alloc.dirty_to = DIRTY_NONE
 
     def refresh_parity(self, alloc: Allocation, start: int, end: int) -> None:
-        """The hook for parity (ECC, issue 5): recompute the parity of the blocks touching
-        [start, end). Until ECC exists there is none to refresh."""
+        """Recompute the parity of the blocks touching [start, end) (not while an attached
+        writer holds it unsealed: seal does it all). A damaged block that the write
+        replaced whole is healed."""
+        if alloc.parity is None or alloc.unsealed:
+            return
+        self.parity.encode(alloc, start, end)
+        healed = {b for b in block_range(start, end)
+                  if b * BLOCK >= start and (b + 1) * BLOCK <= end} & alloc.damaged
+        if healed:
+            self._set_damage(alloc, alloc.damaged - healed, None, reason="overwritten")
 
     def rename(self, src_parent_id: int, src_name: str, dst_parent_id: int, dst_name: str,
                cred: Credentials, *, replace: bool = True) -> Node:
@@ -1079,6 +1174,8 @@ class AllocationManager:
         writable = mode == "rw"
         require(alloc, cred, R | W if writable else R)
         self._require_memory(alloc)
+        if alloc.damaged:     # a mapping cannot fail a range: refuse the whole allocation
+            self._require_undamaged(alloc, 0, alloc.size or 0)
         conflicting = alloc.holders_of(*(IO_KINDS if writable else WRITER_KINDS))
         if conflicting:
             raise Busy(f"'{alloc.path}' is locked: " + ", ".join(
@@ -1098,8 +1195,10 @@ class AllocationManager:
         detaches or seals: its parity (ECC) cannot follow writes it does not see."""
         alloc, holder, fd = self._lock_and_export(path, cred, session, mode, ATTACH_KINDS,
                                                   "attach")
-        if mode == "rw":
+        if mode == "rw" and not alloc.unsealed:
             alloc.unsealed = True
+            with self._change(durable=alloc.durable):
+                self.registry.update_node(alloc.id, unsealed=1)
         return holder, fd, describe(alloc, holders=True)
 
     def detach(self, session: Session, holder_id: int) -> dict:
@@ -1132,10 +1231,11 @@ class AllocationManager:
         was = alloc.unsealed
         alloc.unsealed = False
         if was:
-            with self._change(durable=False):
+            self.parity.encode(alloc, 0, alloc.size or 0)   # the writer's data is final
+            with self._change(durable=alloc.durable):
                 alloc.modified_ns = alloc.changed_ns = time.time_ns()
                 self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
-                                          changed_ns=alloc.changed_ns)
+                                          changed_ns=alloc.changed_ns, unsealed=0)
                 self._event("seal", alloc, cred, reason=reason)
 
     def export_dmabuf(self, path: str, cred: Credentials) -> tuple[int, dict]:
@@ -1160,6 +1260,9 @@ class AllocationManager:
         if holder is None or holder.kind not in ("read", "write"):
             raise NotFound(f"no open handle {holder_id} in this session")
         alloc = holder.alloc
+        if holder.kind == "write" and not alloc.unlinked:
+            # The client wrote through its own fd, anywhere it liked: re-encode it all.
+            self.parity.encode(alloc, 0, alloc.size or 0)
         if written and holder.kind == "write" and not alloc.unlinked:
             with self._change(durable=False):
                 alloc.modified_ns = alloc.changed_ns = time.time_ns()
@@ -1197,6 +1300,7 @@ class AllocationManager:
         fit = max(dev.granularity, round_up(alloc.size, dev.granularity))
         if alloc.capacity > fit:
             self._reallocate(alloc, DAEMON, dev, alloc.size, fit)
+            self._protect_resized(alloc, alloc.size, fresh=False)
 
     def _add_holder(self, alloc: Allocation, session: Session, kind: str,
                     cred: Credentials | None = None) -> Holder:
@@ -1248,12 +1352,150 @@ class AllocationManager:
         session.closed = True
         self.sessions.pop(session.id, None)
         for holder in list(session.holders.values()):
+            if holder.kind == "write" and not holder.alloc.unlinked:
+                self.parity.encode(holder.alloc, 0, holder.alloc.size or 0)
             if holder.kind == "attach-w" and holder.alloc.unsealed and \
                     not holder.alloc.unlinked:
                 with self._change(durable=False):
                     self._event("unsealed", holder.alloc, session.cred,
                                 reason="the attached writer's session ended without detach")
             self._remove_holder(holder)
+
+    # =====================================================================================
+    # ECC: verify, repair, recover, fault injection (docs/ecc.md)
+    # =====================================================================================
+    def ecc_targets(self, paths: list[str], cred: Credentials, everything: bool
+                    ) -> list[Allocation]:
+        """The allocations a verify covers: the named ones (a directory: everything under
+        it), or with `everything`, all that the caller may read."""
+        if everything:
+            nodes = [self.root]
+        else:
+            if not paths:
+                raise UsageError("name one or more allocations, or use --all")
+            nodes = [self.lookup(p, cred, allow_root=True) for p in paths]
+        out: list[Allocation] = []
+        for node in nodes:
+            for a in self._walk_allocations(node):
+                if a not in out and self._allowed(a, cred, R):
+                    out.append(a)
+        return out
+
+    def _walk_allocations(self, node: Node):
+        if isinstance(node, Allocation):
+            yield node
+            return
+        for name in sorted(node.children):
+            yield from self._walk_allocations(node.children[name])
+
+    def verify_steps(self, alloc: Allocation, repair: bool, first_block: int = 0):
+        """Verify (and repair) an allocation piece by piece: a generator that yields after
+        each piece (the caller lets the event loop run), and returns the totals. Between
+        pieces the allocation may have been written, resized or removed: each piece
+        re-reads its state. Blocks written since their last sync (their parity is stale
+        by design) and unsealed allocations are skipped, not judged."""
+        total = {"path": alloc.path, "id": alloc.id, "ecc": alloc.ecc, "blocks": 0,
+                 "clean": 0, "corrected": 0, "uncorrectable": 0, "skipped": 0,
+                 "symbols": 0, "bytes": 0, "damaged": [], "uncorrectable_blocks": [],
+                 "checked": []}
+        if alloc.ecc != "rs" or alloc.state not in ("ready", "degraded"):
+            total["skipped_reason"] = "no ECC" if alloc.ecc != "rs" else alloc.state
+            return total
+        block = first_block
+        while True:
+            if alloc.unlinked or alloc.parity is None:
+                break
+            stop = protected_blocks(alloc)
+            if block >= stop:
+                break
+            count = min(self.parity.chunk_blocks, stop - block)
+            if alloc.unsealed:
+                total["skipped"] += stop - block
+                break
+            self._verify_piece(alloc, block, count, repair, total)
+            block += count
+            yield block
+        if repair and not alloc.unlinked:
+            # Damaged blocks this pass checked and repaired are healed; new ones added.
+            checked = total.pop("checked")
+            healed = {b for b in alloc.damaged if any(a <= b < z for a, z in checked)}
+            bad = set(total["uncorrectable_blocks"])
+            self._set_damage(alloc, (alloc.damaged - healed) | bad, None, reason="verify")
+        total.pop("checked", None)
+        total["damaged_ranges"] = self.damaged_ranges(alloc)
+        return total
+
+    def _verify_piece(self, alloc: Allocation, first: int, count: int, repair: bool,
+                      total: dict) -> None:
+        dirty = block_range(alloc.dirty_from, alloc.dirty_to)
+        lo, hi = first, first + count
+        pieces = [(lo, hi)]
+        if dirty and dirty.start < hi and dirty.stop > lo:       # skip the unsynced blocks
+            pieces = [(lo, max(lo, dirty.start)), (min(hi, dirty.stop), hi)]
+            total["skipped"] += min(hi, dirty.stop) - max(lo, dirty.start)
+        for a, b in pieces:
+            if b <= a:
+                continue
+            found = self.parity.check(alloc, a, b - a, repair)
+            total["blocks"] += b - a
+            total["bytes"] += min((b - a) * BLOCK, max(0, (alloc.size or 0) - a * BLOCK))
+            total["clean"] += found["clean"]
+            total["corrected"] += found["corrected"]
+            total["symbols"] += found["symbols"]
+            total["uncorrectable"] += len(found["uncorrectable"])
+            total["uncorrectable_blocks"] += found["uncorrectable"]
+            total["damaged"] += found["damaged"]          # found without --repair
+            total["checked"].append((a, b))
+
+    def _set_damage(self, alloc: Allocation, damaged: set[int], cred: Credentials | None,
+                    reason: str) -> None:
+        """Record the blocks beyond repair: they read as EIO; the allocation is degraded
+        while there are any."""
+        if damaged == alloc.damaged and (alloc.state == "degraded") == bool(damaged):
+            return
+        before = sorted(alloc.damaged)
+        state = "degraded" if damaged else "ready"
+        with self._change(durable=alloc.durable):
+            self.registry.set_damage(alloc.id, damaged, time.time_ns())
+            self.registry.update_node(alloc.id, state=state)
+            alloc.damaged, alloc.state = set(damaged), state
+            if damaged:
+                self._event("damage", alloc, cred, reason=reason, blocks=sorted(damaged),
+                            ranges=self.damaged_ranges(alloc))
+            else:
+                self._event("healed", alloc, cred, reason=reason, blocks=before)
+        if damaged:
+            log.error("'%s' has %d block(s) damaged beyond repair (%s): %s", alloc.path,
+                      len(damaged), reason, self.damaged_ranges(alloc))
+
+    damaged_ranges = staticmethod(damaged_ranges)
+
+    def corrupt(self, path: str, cred: Credentials, offset: int, length: int,
+                pattern: bytes, parity: bool) -> dict:
+        """Fault injection (gpumemd --enable-fault-injection only; root or the daemon's
+        uid): overwrite bytes of the data, or of the parity region, without updating the
+        parity. For tests and drills."""
+        if not self.fault_injection:
+            raise PermissionDenied("fault injection is off: start gpumemd with "
+                                   "--enable-fault-injection to use `debug corrupt`")
+        if not (cred.is_root or cred.uid == os.geteuid()):
+            raise PermissionDenied("permission denied: `debug corrupt` is for root and the "
+                                   "daemon's user only")
+        alloc = self.lookup_allocation(path, cred)
+        self._require_memory(alloc)
+        target = alloc.parity if parity else alloc.buffer
+        if target is None:
+            raise InvalidState(f"'{alloc.path}' has no parity (ecc {alloc.ecc})")
+        limit = target.capacity
+        if offset < 0 or length < 1 or offset + length > limit or not pattern:
+            raise UsageError(f"invalid range {offset}+{length}: the {'parity region' if parity else 'data'} "
+                             f"of '{alloc.path}' has {limit} bytes; the pattern must not be empty")
+        data = (pattern * (length // len(pattern) + 1))[:length]
+        self.backend.write(target, offset, data)
+        with self._change(durable=False):
+            self._event("corrupt", alloc, cred, offset=offset, length=length,
+                        parity=parity)
+        return {"path": alloc.path, "offset": offset, "length": length, "parity": parity}
 
     # =====================================================================================
     # keeper supervision

@@ -85,12 +85,14 @@ class Allocation(Node):
     parity_gen: int = 0
     checksum: str | None = None
     buffer: Any = None               # the backend's buffer; None while pending or lost
+    parity: Any = None               # ECC parity region (daemon/parity.py); None: no ECC
+    damaged: set = dataclasses.field(default_factory=set)  # blocks beyond repair (EIO)
     holders: dict[int, Holder] = dataclasses.field(default_factory=dict)
     unlinked: bool = False           # removed from the namespace, freed with its last holder
     leased: bool = False             # transient made with a session lease: freed with its
                                      # last holder
-    unsealed: bool = False           # attached read-write and not yet sealed (in memory only:
-                                     # a restart forgets it)
+    unsealed: bool = False           # attached read-write and not yet sealed: its parity is
+                                     # stale (registry column `unsealed`)
     dirty_from: int = 1 << 63        # the range written since the last sync (manager.sync):
     dirty_to: int = 0                # its parity is stale until then; empty when from > to
 

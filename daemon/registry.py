@@ -19,7 +19,7 @@ import os
 import sqlite3
 import time
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 
@@ -92,12 +92,31 @@ def execute_script(db: sqlite3.Connection, script: str) -> None:
             statement = ""
 
 
+def add_damage_table(db: sqlite3.Connection) -> None:
+    """Schema version 2: the blocks ECC found beyond repair (issue 5, docs/ecc.md)."""
+    execute_script(db, """
+    CREATE TABLE damage (
+        -- One row per 128 KiB block of an allocation that failed to verify and could not
+        -- be repaired: its bytes read as EIO until `gpumemctl recover` repairs it or a
+        -- write replaces the whole block. The allocation's state is 'degraded' while it
+        -- has rows here.
+        node     INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+        block    INTEGER NOT NULL,      -- block index: bytes [block*131072, +131072)
+        found_ns INTEGER NOT NULL,      -- when a verify or scrub found it
+        PRIMARY KEY (node, block)
+    );
+    -- 1 while a client attached read-write has not sealed: its parity is stale, so verify
+    -- and scrub skip it (and must not "repair" the client's writes back), until `seal`.
+    ALTER TABLE nodes ADD COLUMN unsealed INTEGER NOT NULL DEFAULT 0;
+    """)
+
+
 # Migrations from version N to N+1: MIGRATIONS[N](db). Version 0 is an empty database.
-MIGRATIONS = {0: create_tables}
+MIGRATIONS = {0: create_tables, 1: add_damage_table}
 
 NODE_COLUMNS = ("id", "parent", "name", "kind", "uid", "gid", "mode", "created_ns",
                 "modified_ns", "changed_ns", "size", "capacity", "device", "durable",
-                "state", "ecc", "parity_gen", "checksum")
+                "state", "ecc", "parity_gen", "checksum", "unsealed")
 MAX_EVENTS = 100_000  # the event log is pruned to this many rows
 
 
@@ -235,6 +254,22 @@ class Registry:
     def delete_node(self, node_id: int) -> None:
         self.db.execute("DELETE FROM holders WHERE node = ?", (node_id,))
         self.db.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
+
+    # ---- ECC damage --------------------------------------------------------------------
+    def damage(self) -> dict[int, set[int]]:
+        out: dict[int, set[int]] = {}
+        for row in self.db.execute("SELECT node, block FROM damage"):
+            out.setdefault(row[0], set()).add(row[1])
+        return out
+
+    def set_damage(self, node_id: int, blocks: set[int], now_ns: int) -> None:
+        """Replace the node's damaged blocks with `blocks`."""
+        self.db.execute("DELETE FROM damage WHERE node = ?", (node_id,))
+        self.db.executemany("INSERT INTO damage VALUES (?, ?, ?)",
+                            [(node_id, b, now_ns) for b in sorted(blocks)])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def meta(self, key: str) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

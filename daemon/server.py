@@ -21,6 +21,8 @@ import trio
 from gpumemctl.protocol import (PROTOCOL_VERSION, GpumemError, InternalError,
                                 PermissionDenied, ProtocolError, UsageError, framing)
 
+from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
+
 from . import nvml
 from .check import Checker
 from .manager import AllocationManager
@@ -208,6 +210,42 @@ class Server:
         fd, info = self.manager.export_dmabuf(_str(a, "path"), s.cred)
         return {"info": info, "offset": 0, "size": info["capacity"]}, [fd]
 
+    # ---- ECC -------------------------------------------------------------------------------
+    async def op_verify(self, s: Session, a: dict):
+        """Verify (with `repair`, repair) the named allocations or all: synchronous for the
+        client, piece by piece for the daemon (the event loop runs between pieces)."""
+        paths = a.get("paths") or []
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise UsageError("argument 'paths' must be a list of strings")
+        targets = self.manager.ecc_targets(paths, s.cred, _bool(a, "all"))
+        results = [await self._drive(self.manager.verify_steps(t, _bool(a, "repair")))
+                   for t in targets]
+        return {"allocations": results, "summary": ecc_summary(results)}, []
+
+    async def op_recover(self, s: Session, a: dict):
+        alloc = self.manager.lookup_allocation(_str(a, "path"), s.cred)
+        result = await self._drive(self.manager.verify_steps(alloc, repair=True))
+        return {"allocation": result, "info": self.manager.info(alloc.path, s.cred)}, []
+
+    @staticmethod
+    async def _drive(steps):
+        """Run a manager generator to its end, letting the loop run between its pieces."""
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            await trio.sleep(0)
+
+    def op_debug_corrupt(self, s: Session, a: dict):
+        try:
+            pattern = bytes.fromhex(_str(a, "pattern", "ff"))
+        except ValueError:
+            raise UsageError(f"invalid pattern {a.get('pattern')!r}: expected hex bytes, "
+                             "e.g. ff or deadbeef") from None
+        return self.manager.corrupt(_str(a, "path"), s.cred, _int(a, "offset"),
+                                    _int(a, "length"), pattern, _bool(a, "parity")), []
+
     def op_close(self, s: Session, a: dict):
         written = a.get("written")
         if written is not None and not isinstance(written, dict):
@@ -239,7 +277,8 @@ class Server:
         ours: dict[str, int] = {}
         for alloc in self.manager.allocations():
             if alloc.buffer is not None:
-                ours[alloc.device] = ours.get(alloc.device, 0) + alloc.capacity
+                parity = alloc.parity.capacity if alloc.parity is not None else 0
+                ours[alloc.device] = ours.get(alloc.device, 0) + alloc.capacity + parity
         backend = self.manager.backend.name
         devices = [{**d.to_dict(), "backend": backend, "ours": ours.get(d.uuid, 0)}
                    for d in self.manager.backend.devices()]
@@ -301,3 +340,17 @@ class Server:
                 nursery.cancel_scope.cancel()
         finally:
             self.manager.subscribers.discard(deliver)
+
+
+def ecc_summary(results: list[dict]) -> dict:
+    """Totals over allocations, and the exit code they mean (docs/ecc.md): 0 clean, 1
+    damage found and all of it repaired, 8 damage left (uncorrectable, or found without
+    --repair)."""
+    keys = ("blocks", "clean", "corrected", "uncorrectable", "skipped", "symbols", "bytes")
+    total = {k: sum(r.get(k, 0) for r in results) for k in keys}
+    total["unrepaired"] = sum(len(r.get("damaged", [])) for r in results)
+    total["allocations"] = len(results)
+    left = total["uncorrectable"] + total["unrepaired"] + \
+        sum(len(r.get("damaged_ranges", [])) for r in results)
+    total["exit"] = UNCORRECTABLE if left else (REPAIRED if total["corrected"] else OK)
+    return total

@@ -17,7 +17,7 @@ import typer
 
 from . import output
 from .protocol import GpumemError, UsageError, format_size, parse_size
-from .protocol.errors import INVALID_STATE, OK, REPAIRED
+from .protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Inspect and manage durable GPU memory served by gpumemd.",
@@ -431,6 +431,104 @@ def check(repair: Annotated[bool, typer.Option("--repair", help="Fix what can be
     if result["clean"]:
         return OK
     return REPAIRED if all(p["repaired"] for p in result["problems"]) else INVALID_STATE
+
+
+def _verify_line(r: dict) -> str:
+    if r.get("skipped_reason"):
+        return f"{r['path']}: skipped ({r['skipped_reason']})"
+    parts = [f"{r['blocks']} blocks", f"{r['clean']} clean"]
+    if r["corrected"]:
+        parts.append(f"{r['corrected']} repaired ({r['symbols']} symbols)")
+    if r["damaged"]:
+        parts.append(f"{len(r['damaged'])} damaged (not repaired: use --repair)")
+    if r["uncorrectable"]:
+        parts.append(f"{r['uncorrectable']} UNCORRECTABLE")
+    if r["skipped"]:
+        parts.append(f"{r['skipped']} skipped (written since the last sync, or unsealed)")
+    line = f"{r['path']}: " + ", ".join(parts)
+    if r.get("damaged_ranges"):
+        line += "; damaged bytes: " + ", ".join(f"{a}-{b - 1}" for a, b in r["damaged_ranges"])
+    return line
+
+
+@command("verify")
+def verify(names: Annotated[Optional[list[str]], typer.Argument(
+               help="Allocations or directories (everything under them).")] = None,
+           all_: Annotated[bool, typer.Option("--all", help="Every allocation you may read.")]
+           = False,
+           repair: Annotated[bool, typer.Option("--repair", help="Repair what ECC can.")]
+           = False,
+           quiet: Annotated[bool, typer.Option("--quiet", "-q",
+                                               help="Print nothing when all is clean "
+                                                    "(for cron).")] = False,
+           json_: JsonOpt = False):
+    """Check allocations against their parity (and with --repair, repair them), now.
+    Exit 0 clean, 1 damage found and all repaired, 8 damage left."""
+    with connect() as c:
+        result = c.verify(names or [], all=all_, repair=repair)
+    summary = result["summary"]
+    if want_json(json_):
+        output.emit_json(result)
+    elif not (quiet and summary["exit"] == OK):
+        for r in result["allocations"]:
+            if not quiet or r["corrected"] or r["uncorrectable"] or r["damaged"] or \
+                    r.get("damaged_ranges"):
+                output.data(_verify_line(r))
+        output.data(f"verify: {summary['allocations']} allocation(s), {summary['blocks']} "
+                    f"blocks: {summary['corrected']} repaired, {summary['uncorrectable']} "
+                    f"uncorrectable, {summary['unrepaired']} not repaired, "
+                    f"{summary['skipped']} skipped")
+    return summary["exit"]
+
+
+@command("recover")
+def recover(name: NameArg, json_: JsonOpt = False):
+    """Run the repair of a (degraded) allocation again and report what remains.
+    Exit 0 nothing damaged remains, 1 repaired, 8 damage remains."""
+    with connect() as c:
+        result = c.recover(name)
+    r = result["allocation"]
+    left = len(r.get("damaged_ranges", []))
+    if want_json(json_):
+        output.emit_json(result)
+    else:
+        output.data(_verify_line(r))
+        output.data(f"recover: '{r['path']}' is {result['info']['state']}"
+                    + (f"; {left} damaged range(s) remain" if left else ""))
+    return UNCORRECTABLE if left or r["uncorrectable"] else (REPAIRED if r["corrected"] else OK)
+
+
+debug_app = typer.Typer(help="Fault injection for tests and drills (gpumemd "
+                             "--enable-fault-injection).", no_args_is_help=True)
+app.add_typer(debug_app, name="debug")
+
+
+@debug_app.command("corrupt")
+def debug_corrupt(name: NameArg,
+                  offset: OffsetOpt = "0",
+                  length: Annotated[str, typer.Option("--length", help="Bytes to change.")]
+                  = "1",
+                  parity: Annotated[bool, typer.Option(
+                      "--parity", help="Change the parity region instead of the data.")]
+                  = False,
+                  pattern: Annotated[str, typer.Option(
+                      "--pattern", help="Hex bytes written, repeated (default ff).")] = "ff",
+                  json_: JsonOpt = False):
+    """Overwrite bytes without updating the parity (refused unless gpumemd runs with
+    --enable-fault-injection; root or the daemon's user only)."""
+    try:
+        with connect() as c:
+            result = c.debug_corrupt(name, offset=parse_offset(offset),
+                                     length=parse_offset(length, "length"), parity=parity,
+                                     pattern=pattern)
+    except GpumemError as exc:
+        output.error(str(exc))
+        raise typer.Exit(exc.code) from None
+    if want_json(json_):
+        output.emit_json(result)
+    else:
+        output.data(f"corrupted {result['length']} byte(s) of '{result['path']}' at "
+                    f"{result['offset']}" + (" (parity region)" if parity else ""))
 
 
 @command("doctor")

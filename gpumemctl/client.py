@@ -257,3 +257,25 @@ class Client:
 
     def check(self, *, repair: bool = False) -> dict:
         return self.call("check", repair=repair)
+
+    # ---- ECC (docs/ecc.md) ------------------------------------------------------------------
+    def _long_call(self, op: str, **args) -> dict:
+        """A call that runs as long as the work does (a verify of terabytes): no timeout."""
+        before = self.sock.gettimeout()
+        self.sock.settimeout(None)
+        try:
+            return self.call(op, **args)
+        finally:
+            self.sock.settimeout(before)
+
+    def verify(self, paths: list[str] | None = None, *, all: bool = False,
+               repair: bool = False) -> dict:
+        return self._long_call("verify", paths=list(paths or []), all=all, repair=repair)
+
+    def recover(self, path: str) -> dict:
+        return self._long_call("recover", path=path)
+
+    def debug_corrupt(self, path: str, *, offset: int, length: int, parity: bool = False,
+                      pattern: str = "ff") -> dict:
+        return self.call("debug_corrupt", path=path, offset=offset, length=length,
+                         parity=parity, pattern=pattern)

@@ -110,18 +110,28 @@ class Backend(abc.ABC):
             self.write(buf, offset, zeros if n == len(zeros) else zeros[:n])
 
     resizes_in_place = False     # whether resize_in_place() works (else: reallocate + copy)
+    fresh_memory_is_zero = False # whether allocate() returns memory that reads as zeros
 
     def resize_in_place(self, buf: Buffer, capacity: int) -> None:
         """Change the buffer's capacity where it is, keeping its contents and every fd that
         refers to it (only where `resizes_in_place`)."""
         raise NotImplementedError
 
-    def copy(self, src: Buffer, dst: Buffer, length: int) -> None:
-        """Copy the first `length` bytes of src to dst (a resize); this default goes through
-        host memory in COPY_CHUNK pieces."""
+    def copy(self, src: Buffer, dst: Buffer, length: int, src_offset: int = 0,
+             dst_offset: int = 0) -> None:
+        """Copy `length` bytes of src (from src_offset) to dst (at dst_offset): a resize;
+        this default goes through host memory in COPY_CHUNK pieces."""
         for offset in range(0, length, COPY_CHUNK):
             n = min(COPY_CHUNK, length - offset)
-            self.write(dst, offset, self.read(src, offset, n))
+            self.write(dst, dst_offset + offset, self.read(src, src_offset + offset, n))
+
+    # ---- ECC: the codec runs where the memory is (daemon/parity.py) --------------------
+    def ecc(self, op: str, data: Buffer, parity: Buffer, first: int, count: int,
+            total: int):
+        """Run codec operation `op` (encode, verify, repair, verify_refresh; see
+        daemon/ecc/cpu.py) on blocks [first, first+count) of `data`, whose parity region
+        (sized for `total` blocks) is `parity`."""
+        raise InvalidState(f"the {self.name} backend has no ECC codec")
 
     def export_dmabuf(self, buf: Buffer) -> int:
         """A dma-buf fd covering the buffer's capacity (for RDMA registration); the caller

@@ -76,6 +76,8 @@ class CudaBackend(Backend):
                 "no usable CUDA device: " + ("; ".join(self.skipped) or "none visible") +
                 " (gpumemd needs VMM with POSIX-fd handles; see gpumemctl doctor)")
         self._stagers: dict[int, cudadrv.Stager] = {}
+        self._codecs: dict = {}              # device index -> GpuCodec, made on first use
+        self.ecc_cache_dir: str | None = None   # compiled kernels (set by gpumemd: STATE_DIR)
         # The daemon does its own I/O on this (its event loop's) thread: keep the first
         # device's context current, so each mount request pays no context push and pop.
         cudadrv.make_current(self._devices[0].index)
@@ -226,13 +228,53 @@ class CudaBackend(Backend):
                 cudadrv.memset_d8(self._mapping(buf).ptr + start, 0, end - start)
                 cudadrv.ctx_synchronize()
 
-    def copy(self, src: CudaBuffer, dst: CudaBuffer, length: int) -> None:
+    def copy(self, src: CudaBuffer, dst: CudaBuffer, length: int, src_offset: int = 0,
+             dst_offset: int = 0) -> None:
         """Device to device (a resize): no trip through host memory. Both buffers are mapped
         in this process; a copy across devices goes through the driver's peer path."""
         if length:
             with cudadrv.context(dst.index):
-                cudadrv.memcpy_dtod(self._mapping(dst).ptr, self._mapping(src).ptr, length)
+                cudadrv.memcpy_dtod(self._mapping(dst).ptr + dst_offset,
+                                    self._mapping(src).ptr + src_offset, length)
                 cudadrv.ctx_synchronize()
+
+    def ecc(self, op: str, data: CudaBuffer, parity: CudaBuffer, first: int, count: int,
+            total: int):
+        """The CUDA codec (daemon/ecc/gpu.py: NVRTC-compiled kernels, cached on disk) on
+        the daemon's own mappings; where it cannot be built (no NVRTC), the numpy codec
+        on host copies of the blocks."""
+        from ..ecc.layout import BLOCK, CHECKSUM_BYTES, PARITY_BLOCK
+        spans = ((data, first * BLOCK, count * BLOCK),
+                 (parity, first * PARITY_BLOCK, count * PARITY_BLOCK),
+                 (parity, total * PARITY_BLOCK + first * CHECKSUM_BYTES,
+                  count * CHECKSUM_BYTES))
+        codec = self._codec(data.index)
+        if codec is not None:
+            return getattr(codec, op)(*(self._mapping(b).ptr + o for b, o, _ in spans), count)
+        return self._ecc_on_host(op, spans)
+
+    def _ecc_on_host(self, op: str, spans):
+        import numpy as np
+
+        from ..ecc import cpu
+        copies = [bytearray(self.read(b, o, n)) for b, o, n in spans]
+        result = getattr(cpu, op)(*(np.frombuffer(c, np.uint8) for c in copies))
+        changed = {"encode": (1, 2), "repair": (0, 1, 2), "verify_refresh": (1,)}
+        for i in changed.get(op, ()):
+            buf, offset, _ = spans[i]
+            self.write(buf, offset, copies[i])
+        return result
+
+    def _codec(self, index: int):
+        if index not in self._codecs:
+            try:
+                from ..ecc.gpu import GpuCodec
+                self._codecs[index] = GpuCodec(index, self.ecc_cache_dir)
+            except Exception as exc:  # noqa: BLE001 - any failure: fall back, say why once
+                log.warning("GPU ECC codec unavailable on device %d (%s); using the CPU "
+                            "codec through host copies (slow)", index, exc)
+                self._codecs[index] = None
+        return self._codecs[index]
 
     def export_dmabuf(self, buf: CudaBuffer) -> int:
         if not cudadrv.device_support(buf.index).dma_buf:

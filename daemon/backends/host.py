@@ -147,6 +147,7 @@ class HostBackend(Backend):
         m[last:end] = bytes(end - last)
 
     resizes_in_place = True
+    fresh_memory_is_zero = True     # a new memfd reads as zeros
 
     def resize_in_place(self, buf: HostBuffer, capacity: int) -> None:
         """A memfd grows or shrinks where it is: no copy, and the keeper's and clients' fds
@@ -158,5 +159,25 @@ class HostBackend(Backend):
         self.used += capacity - buf.capacity
         buf.capacity = capacity
 
-    def copy(self, src: HostBuffer, dst: HostBuffer, length: int) -> None:
-        dst.mapping()[:length] = memoryview(src.mapping())[:length]
+    def ecc(self, op: str, data: HostBuffer, parity: HostBuffer, first: int, count: int,
+            total: int):
+        """The numpy codec on views of the two mappings (no copies)."""
+        import numpy as np
+
+        from ..ecc import cpu
+        from ..ecc.layout import BLOCK, CHECKSUM_BYTES, PARITY_BLOCK
+
+        views = (np.frombuffer(data.mapping(), np.uint8, count * BLOCK, first * BLOCK),
+                 np.frombuffer(parity.mapping(), np.uint8, count * PARITY_BLOCK,
+                               first * PARITY_BLOCK),
+                 np.frombuffer(parity.mapping(), np.uint8, count * CHECKSUM_BYTES,
+                               total * PARITY_BLOCK + first * CHECKSUM_BYTES))
+        try:
+            return getattr(cpu, op)(*views)
+        finally:
+            del views          # the mappings cannot close while a view exports them
+
+    def copy(self, src: HostBuffer, dst: HostBuffer, length: int, src_offset: int = 0,
+             dst_offset: int = 0) -> None:
+        dst.mapping()[dst_offset:dst_offset + length] = \
+            memoryview(src.mapping())[src_offset:src_offset + length]

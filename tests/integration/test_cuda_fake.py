@@ -22,6 +22,7 @@ import pytest
 
 from tests import fakecuda
 from tests.conftest import PYTHON, ROOT, _bin, _env, wait_for
+from tests.unit.test_manager import with_parity
 
 MiB = 1 << 20
 FAKE_UUID0 = "GPU-fa4ec0da-1234-4000-8000-000000000000"
@@ -109,8 +110,9 @@ def test_devices_report_the_driver_granularity_and_uuids(cuda_daemon):
     info = cli_json(cuda_daemon, "create", "b", "--size", "1", "--device", "0")
     assert (info["capacity"], info["device"]) == (2 * MiB, FAKE_UUID0)
     after = {d["index"]: d for d in cli_json(cuda_daemon, "devices")}
-    assert after[1]["ours"] == 4 * MiB and after[0]["ours"] == 2 * MiB
-    assert after[1]["free"] == devs[1]["free"] - 4 * MiB
+    # ECC on (the default): each holds a 2 MiB parity region beside its data
+    assert after[1]["ours"] == with_parity(4 * MiB) and after[0]["ours"] == with_parity(2 * MiB)
+    assert after[1]["free"] == devs[1]["free"] - with_parity(4 * MiB)
     err = cli(cuda_daemon, "create", "c", "--size", "1M", "--device", "7", check=4).stderr
     assert b"no device '7'" in err
 
@@ -323,7 +325,7 @@ def test_leased_transient_memory_is_returned_when_its_client_dies(cuda_daemon):
                              cwd=ROOT)
     try:
         assert child.stdout.readline().strip() == "READY"
-        assert free() == before - 64 * MiB
+        assert free() == before - with_parity(64 * MiB)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(10)

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from daemon import nvml
+from tests.unit.test_manager import with_parity
 
 MiB = 1 << 20
 NO_DRIVER = not os.path.exists("/proc/driver/nvidia/version")
@@ -103,7 +104,8 @@ def test_devices_json_on_the_host_backend(daemon):
     assert all(dev[k] is None for k in nvml.EMPTY_TELEMETRY)
     assert dev["ours"] == 0
     daemon.cli("create", "t/a", "--size", "3M", check=True)
-    assert daemon.cli_json("devices")[0]["ours"] == 4 * MiB     # capacity, 2 MiB granules
+    # capacity (2 MiB granules) and the ECC parity region beside it
+    assert daemon.cli_json("devices")[0]["ours"] == with_parity(4 * MiB)
 
 
 def test_status_json_carries_the_same_device_objects(daemon):
@@ -170,7 +172,7 @@ def test_devices_on_the_cuda_backend_without_nvml(daemon_factory, fake_libcuda):
     info = gpu.cli_json("create", "t/a", "--size", "3M", "--device", "1")
     devs = gpu.cli_json("devices")
     assert [d["backend"] for d in devs] == ["cuda", "cuda"]
-    assert [d["ours"] for d in devs] == [0, info["capacity"]]
+    assert [d["ours"] for d in devs] == [0, with_parity(info["capacity"])]
     for dev in devs:
         assert set(dev) == BACKEND_KEYS | TELEMETRY_KEYS
         assert dev["telemetry"].startswith("unavailable: ")

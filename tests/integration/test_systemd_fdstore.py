@@ -216,7 +216,9 @@ def test_durable_memory_survives_restart_in_fd_store(systemd_daemon, hard):
     data = _pattern(size, seed=7)
     with d.client() as c:
         c.create("scratch", MiB)                         # transient: never stored
-        info = c.create("models/w", size, durable=True)
+        # ECC off: one fd per allocation keeps this about the store (with ECC the parity
+        # region is stored beside it as .1: test_ecc.py)
+        info = c.create("models/w", size, durable=True, ecc="none")
         name = f"a{info['id']}.0"
         stores = manager.wait_field("FDSTORE", "1")
         assert [m["fields"].get("FDNAME") for m in stores] == [name]
@@ -271,7 +273,7 @@ def test_durability_changes_store_and_remove_fds(systemd_daemon):
     d.start()
     manager.wait_field("READY", "1")
     with d.client() as c:
-        info = c.create("t", 4096)
+        info = c.create("t", 4096, ecc="none")
         name = f"a{info['id']}.0"
         c.set_durable("t", True)
         stores = manager.wait_field("FDSTORE", "1")

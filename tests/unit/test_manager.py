@@ -13,10 +13,18 @@ from daemon.keeper_link import ProcessKeeper
 from daemon.manager import AllocationManager
 from daemon.permissions import Credentials
 from daemon.registry import Registry
-from gpumemctl.protocol import Busy, Exists, InvalidState, NoMemory, NotFound, UsageError
+from daemon.ecc.layout import parity_bytes
+from gpumemctl.protocol import (Busy, Exists, InvalidState, NoMemory, NotFound, UsageError,
+                                round_up)
 
 ROOT = Credentials(pid=os.getpid(), uid=0, gid=0)
 MiB = 1 << 20
+
+
+def with_parity(capacity: int) -> int:
+    """Memory an allocation of `capacity` holds with ECC on (the default): the data and its
+    parity region, rounded to the 2 MiB granularity (daemon/parity.py)."""
+    return capacity + round_up(parity_bytes(capacity), 2 * MiB)
 
 
 class World:
@@ -104,7 +112,8 @@ def test_out_of_memory_names_device_free_and_request(world):
     with pytest.raises(NoMemory) as exc:
         m.create("more", ROOT, size=100 * MiB)
     text = str(exc.value)
-    assert "device 0" in text and str(56 * MiB) in text and str(100 * MiB) in text
+    free = 256 * MiB - with_parity(200 * MiB)
+    assert "device 0" in text and str(free) in text and str(100 * MiB) in text
     with pytest.raises(NotFound):
         m.lookup("more", ROOT)
     clean(m)
@@ -160,7 +169,7 @@ def test_busy_remove_and_force(world):
     os.close(fd)
     assert m.backend.used == used_before
     m.close_handle(session, holder.id)
-    assert m.backend.used == used_before - 2 * MiB   # capacity: 2 MiB granularity
+    assert m.backend.used == used_before - with_parity(2 * MiB)   # 2 MiB granularity
     assert m.keeper.keys() == []
     clean(m)
 
@@ -197,7 +206,7 @@ def test_lease_freed_with_session_and_durable_drops_lease(world):
     with pytest.raises(NotFound):
         m.lookup("leased", ROOT)
     assert m.info("pinned", ROOT)["durable"] is True
-    assert m.backend.used == 2 * MiB   # pinned's 2 MiB capacity only
+    assert m.backend.used == with_parity(2 * MiB)   # pinned's 2 MiB capacity only
     clean(m)
 
 

@@ -1,0 +1,150 @@
+"""Parity for allocations with ECC on (`ecc == "rs"`): where it lives, when it is brought up
+to date, and verify/repair (docs/ecc.md).
+
+Each protected allocation has a second backend buffer, its parity region: RS(136,128)
+parity of every 128 KiB block, then one checksum per block (daemon/ecc/layout.py). The
+keeper holds it beside the data (the allocation's fds are [data, parity]). Only the blocks
+that hold bytes below the size are protected; bytes past the size are undefined.
+
+The codec runs where the memory is: the backend's `ecc()` (numpy on the host backend, CUDA
+kernels on the cuda backend). Work is cut into pieces of at most `chunk_blocks` blocks, so
+that a long verify never holds the event loop for long (callers yield between pieces).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from gpumemctl.protocol import round_up
+
+from .ecc.layout import (BLOCK, CHECKSUM_BYTES, CLEAN, CORRECTED, PARITY_BLOCK, UNCORRECTABLE,
+                         blocks, parity_bytes)
+from .nodes import Allocation
+
+log = logging.getLogger("gpumemd")
+
+
+def protected_blocks(alloc: Allocation) -> int:
+    """Blocks holding bytes below the size."""
+    return -(-(alloc.size or 0) // BLOCK)
+
+
+def block_range(start: int, end: int) -> range:
+    """The blocks that bytes [start, end) touch."""
+    return range(start // BLOCK, -(-end // BLOCK)) if end > start else range(0)
+
+
+class Parity:
+    def __init__(self, backend, chunk_blocks: int | None = None):
+        self.backend = backend
+        # Pieces of about 10 ms: the host's numpy codec does ~100-200 MB/s, a GPU ~1 TB/s.
+        self.chunk_blocks = chunk_blocks or (8 if backend.name == "host" else 8192)
+
+    # ---- the parity buffer --------------------------------------------------------------
+    def size_for(self, alloc: Allocation) -> int:
+        return self.extra(alloc.ecc, self.backend.device(alloc.device), alloc.capacity)
+
+    @staticmethod
+    def extra(ecc: str, dev, capacity: int) -> int:
+        """Memory the parity of an allocation of `capacity` on `dev` takes (0: no ECC)."""
+        return round_up(parity_bytes(capacity), dev.granularity) if ecc == "rs" else 0
+
+    def wanted(self, alloc: Allocation) -> bool:
+        return alloc.ecc == "rs" and alloc.buffer is not None
+
+    def ensure(self, alloc: Allocation, fresh: bool = False, keep_below: int = 0) -> bool:
+        """Give the allocation a parity region of the right size for its capacity, up to
+        date with the data. Returns True when a new region was made (the keeper must get
+        it).
+
+        - `fresh`: the data was just allocated; on a backend whose new memory reads as
+          zeros (host memfds) a zeroed region is already right (the parity and the
+          checksum of a zero block are zero), so nothing is encoded.
+        - `keep_below`: a byte offset below which the data did not change (a resize): the
+          old region's parity and checksums of the whole blocks there are carried over,
+          and only the blocks from there on are encoded."""
+        if not self.wanted(alloc):
+            return False
+        want = self.size_for(alloc)
+        if alloc.parity is not None and alloc.parity.capacity == want and \
+                alloc.parity.blocks == blocks(alloc.capacity):
+            return False          # (the checksums' place depends on the block count)
+        new = self.backend.allocate(want, alloc.device, label=f"{alloc.path}#parity")
+        new.blocks = blocks(alloc.capacity)      # the layout it was made for (_carry_over)
+        old, alloc.parity = alloc.parity, new
+        try:
+            kept = self._carry_over(old, new, keep_below // BLOCK, blocks(alloc.capacity))
+            if not (fresh and self.backend.fresh_memory_is_zero):
+                self.encode(alloc, kept * BLOCK, alloc.size or 0)
+        except BaseException:
+            alloc.parity = old
+            self.backend.free(new)
+            raise
+        if old is not None:
+            self.backend.free(old)
+        return True
+
+    def _carry_over(self, old, new, keep: int, total: int) -> int:
+        """Copy the parity and checksums of blocks [0, keep) from the old region (laid out
+        for `old.blocks` blocks) into the new one. Returns how many were copied."""
+        if old is None or keep == 0:
+            return 0
+        old_total = old.blocks
+        keep = min(keep, total, old_total)
+        self.backend.copy(old, new, keep * PARITY_BLOCK)
+        self.backend.copy(old, new, keep * CHECKSUM_BYTES,
+                          src_offset=old_total * PARITY_BLOCK, dst_offset=total * PARITY_BLOCK)
+        return keep
+
+    def free(self, alloc: Allocation) -> None:
+        if alloc.parity is not None:
+            self.backend.free(alloc.parity)
+            alloc.parity = None
+
+    # ---- the codec, piece by piece ------------------------------------------------------
+    def _pieces(self, first: int, stop: int):
+        for b in range(first, stop, self.chunk_blocks):
+            yield b, min(self.chunk_blocks, stop - b)
+
+    def _run(self, op: str, alloc: Allocation, first: int, count: int):
+        return self.backend.ecc(op, alloc.buffer, alloc.parity, first, count,
+                                blocks(alloc.capacity))
+
+    def encode(self, alloc: Allocation, start: int, end: int) -> int:
+        """Bring the parity of the blocks that bytes [start, end) touch up to date.
+        Returns the number of blocks encoded."""
+        if alloc.parity is None:
+            return 0
+        span = block_range(start, min(end, protected_blocks(alloc) * BLOCK))
+        for first, count in self._pieces(span.start, span.stop):
+            self._run("encode", alloc, first, count)
+        return len(span)
+
+    def check(self, alloc: Allocation, first: int, count: int, repair: bool) -> dict:
+        """Verify (and with `repair`, repair) blocks [first, first+count). Returns counts
+        and the blocks left uncorrectable."""
+        status = self._run("verify", alloc, first, count)
+        result = {"blocks": count, "clean": 0, "corrected": 0, "uncorrectable": [],
+                  "symbols": 0, "damaged": []}
+        damaged = [first + i for i, s in enumerate(status) if s != CLEAN]
+        result["clean"] = count - len(damaged)
+        if not damaged:
+            return result
+        if not repair:
+            result["damaged"] = damaged
+            return result
+        # Repair only the damaged blocks, each on its own (they are rare).
+        for b in damaged:
+            rstatus, corrected = self._run("repair", alloc, b, 1)
+            if rstatus[0] == CORRECTED:
+                result["corrected"] += 1
+                result["symbols"] += int(corrected[0])
+            elif rstatus[0] == UNCORRECTABLE:
+                result["uncorrectable"].append(b)
+            else:
+                result["clean"] += 1
+        return result
+
+
+def now_ns() -> int:
+    return time.time_ns()
