@@ -26,6 +26,7 @@ from .backends import BackendUnavailable, choose_backend
 from .keeper_link import KeeperGone, open_keeper
 from .manager import AllocationManager
 from .mount import Mount, MountError
+from .scrub import Scrubber
 from .registry import GROUP_COMMIT_SECONDS, Registry
 from .server import VERSION, Server
 
@@ -155,6 +156,8 @@ async def run_daemon(manager: AllocationManager, server: Server,
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(GroupCommit(manager.registry).run)
+            if server.scrubber is not None:
+                nursery.start_soon(server.scrubber.run)
             await nursery.start(server.serve)
             if mount is not None:
                 await nursery.start(mount.serve)
@@ -204,6 +207,7 @@ def _main(args) -> int:
     mount_path = os.path.abspath(args.mount) if args.mount else None
     server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path})
+    server.scrubber = Scrubber(manager)
     mount = Mount(manager, mount_path) if mount_path else None
     try:
         if mount is not None:

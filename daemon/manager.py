@@ -60,7 +60,9 @@ RESERVED_AT_ROOT = (".metadata",)   # the mount's read-only metadata view (daemo
 GROWTH_FACTOR = 2
 GROWTH_CAP = 1 << 30
 DIRTY_NONE = (1 << 63, 0)   # (dirty_from, dirty_to) of an allocation with no unsynced write
-NOW = "now"           # setattr(mtime_ns=NOW): utimensat's UTIME_NOW
+NOW = "now"
+# The registry's `unsealed` column (registry.add_damage_table).
+SEALED, UNSEALED, WRITING = 0, 1, 2           # setattr(mtime_ns=NOW): utimensat's UTIME_NOW
 DAEMON = Credentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 
 
@@ -101,7 +103,6 @@ class AllocationManager:
         self.keeper.ensure_running()
         kept = self.keeper.fetch_all()
         summary = {"adopted": 0, "lost": 0, "orphans_freed": 0, "transients_dropped": 0}
-        clean_stop = self.registry.meta("clean_stop") != "0"
         damage = self.registry.damage()
         with self._change(durable=True):
             self.registry.clear_holders()
@@ -122,17 +123,15 @@ class AllocationManager:
             for key, fds in kept.items():
                 self._free_orphan(key, fds)
                 summary["orphans_freed"] += 1
-            self.registry.set_meta("clean_stop", "0")
-            summary["parity_rebuilt_blocks"] = self._settle_parity(damage, clean_stop)
+            summary["parity_rebuilt_blocks"] = self._settle_parity(damage)
             self._event("start", None, None, backend=self.backend.name, **summary)
         return summary
 
-    def _settle_parity(self, damage: dict[int, set[int]], clean_stop: bool) -> int:
-        """After adoption: give each protected allocation its parity. Kept parity is used
-        as it is after a clean stop. After a crash, writes that were in flight (synced to
-        the device, not yet to the parity) make their blocks fail to verify: the data is
-        what the writers left, so those blocks' parity is rebuilt from it rather than the
-        data "repaired" back (docs/ecc.md, "After a crash")."""
+    def _settle_parity(self, damage: dict[int, set[int]]) -> int:
+        """After adoption: give each protected allocation its parity and its damage list.
+        Kept parity is used as it is, except where writes were in flight at a crash (the
+        WRITING mark): there the data is what the writers left, so the parity is rebuilt
+        from it rather than the data "repaired" back (docs/ecc.md, "After a crash")."""
         rebuilt = 0
         for alloc in self.allocations():
             alloc.damaged = damage.get(alloc.id, set())
@@ -144,16 +143,37 @@ class AllocationManager:
                 self.parity.ensure(alloc)
                 self._deposit(alloc)
                 rebuilt += protected_blocks(alloc)
-            elif not clean_stop and not alloc.unsealed:
-                found = self.parity.check(alloc, 0, protected_blocks(alloc), repair=False)
-                for b in found["damaged"]:
-                    if b not in alloc.damaged:
-                        self.parity.encode(alloc, b * BLOCK, (b + 1) * BLOCK)
-                        rebuilt += 1
+            elif alloc.writing and not alloc.unsealed:
+                # Writes were in flight when the daemon died: the data is what the writers
+                # left; bring the parity to it rather than "repair" the data back.
+                rebuilt += self.parity.encode(alloc, 0, alloc.size or 0)
+                self._writes_synced(alloc)
+                self._event("parity", alloc, None, action="rebuilt",
+                            reason="writes were in flight at an unclean stop")
         if rebuilt:
-            log.info("parity rebuilt for %d blocks (%s)", rebuilt,
-                     "after an unclean stop" if not clean_stop else "none was kept")
+            log.info("parity rebuilt for %d blocks", rebuilt)
         return rebuilt
+
+    # ---- the "writes in flight" mark (registry unsealed = WRITING) ------------------------
+    def _writes_begin(self, alloc: Allocation) -> None:
+        """Before the first write since the last sync to a protected durable allocation:
+        record, with fsync, that its parity is about to go stale. A crash before the sync
+        then rebuilds the parity from the data (_settle_parity), and only then: a crash
+        never "repairs" pending writes away, nor blesses corruption elsewhere."""
+        if alloc.writing or alloc.unsealed or alloc.parity is None or not alloc.durable \
+                or alloc.unlinked:
+            return
+        with self._change(durable=True):
+            self.registry.update_node(alloc.id, unsealed=WRITING)
+        alloc.writing = True
+
+    def _writes_synced(self, alloc: Allocation) -> None:
+        if not alloc.writing:
+            return
+        alloc.writing = False
+        if not alloc.unlinked:
+            with self._change(durable=False):
+                self.registry.update_node(alloc.id, unsealed=SEALED)
 
     def _load_tree(self) -> None:
         rows = self.registry.load_nodes()
@@ -179,7 +199,8 @@ class AllocationManager:
             return Directory(**common)
         return Allocation(**common, size=row["size"], capacity=row["capacity"],
                           device=row["device"], durable=bool(row["durable"]),
-                          unsealed=bool(row["unsealed"]),
+                          unsealed=row["unsealed"] == UNSEALED,
+                          writing=row["unsealed"] == WRITING,
                           state=row["state"], ecc=row["ecc"], parity_gen=row["parity_gen"],
                           checksum=row["checksum"])
 
@@ -253,7 +274,6 @@ class AllocationManager:
                 if not alloc.durable:
                     self._forget_node(alloc)
             self.registry.clear_holders()
-            self.registry.set_meta("clean_stop", "1")
             self._event("stop", None, None)
         for alloc in [n for n in self.nodes.values() if isinstance(n, Allocation)]:
             self._free_buffer(alloc)
@@ -632,6 +652,8 @@ class AllocationManager:
             self._event("durable" if durable else "transient", alloc, cred)
         if durable:
             alloc.leased = False       # the durable pin replaces any lease
+            if alloc.dirty_to > alloc.dirty_from:
+                self._writes_begin(alloc)  # writes not yet synced now matter after a crash
             for holder in alloc.holders_of("lease"):
                 self._remove_holder(holder)
         elif alloc.buffer is not None:
@@ -891,6 +913,7 @@ class AllocationManager:
         if end > alloc.size:
             self._grow_for_write(alloc, offset, end, session)
         self._require_memory(alloc)
+        self._writes_begin(alloc)
         self.backend.write(alloc.buffer, offset, data)
         alloc.modified_ns = alloc.changed_ns = time.time_ns()
         alloc.dirty_from = min(alloc.dirty_from, offset)
@@ -971,6 +994,7 @@ class AllocationManager:
         if alloc.parity is None or alloc.unsealed:
             return
         self.parity.encode(alloc, start, end)
+        self._writes_synced(alloc)
         healed = {b for b in block_range(start, end)
                   if b * BLOCK >= start and (b + 1) * BLOCK <= end} & alloc.damaged
         if healed:
@@ -1180,6 +1204,8 @@ class AllocationManager:
         if conflicting:
             raise Busy(f"'{alloc.path}' is locked: " + ", ".join(
                 f"{h.kind} by pid {h.pid}" for h in conflicting))
+        if writable and kinds[mode] == "write":
+            self._writes_begin(alloc)       # the client writes through its fd from now on
         fd = self.backend.export(alloc.buffer, writable)
         try:
             holder = self._add_holder(alloc, session, kinds[mode])
@@ -1198,7 +1224,7 @@ class AllocationManager:
         if mode == "rw" and not alloc.unsealed:
             alloc.unsealed = True
             with self._change(durable=alloc.durable):
-                self.registry.update_node(alloc.id, unsealed=1)
+                self.registry.update_node(alloc.id, unsealed=UNSEALED)
         return holder, fd, describe(alloc, holders=True)
 
     def detach(self, session: Session, holder_id: int) -> dict:
@@ -1235,7 +1261,7 @@ class AllocationManager:
             with self._change(durable=alloc.durable):
                 alloc.modified_ns = alloc.changed_ns = time.time_ns()
                 self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
-                                          changed_ns=alloc.changed_ns, unsealed=0)
+                                          changed_ns=alloc.changed_ns, unsealed=SEALED)
                 self._event("seal", alloc, cred, reason=reason)
 
     def export_dmabuf(self, path: str, cred: Credentials) -> tuple[int, dict]:
@@ -1263,6 +1289,7 @@ class AllocationManager:
         if holder.kind == "write" and not alloc.unlinked:
             # The client wrote through its own fd, anywhere it liked: re-encode it all.
             self.parity.encode(alloc, 0, alloc.size or 0)
+            self._writes_synced(alloc)
         if written and holder.kind == "write" and not alloc.unlinked:
             with self._change(durable=False):
                 alloc.modified_ns = alloc.changed_ns = time.time_ns()
@@ -1354,6 +1381,7 @@ class AllocationManager:
         for holder in list(session.holders.values()):
             if holder.kind == "write" and not holder.alloc.unlinked:
                 self.parity.encode(holder.alloc, 0, holder.alloc.size or 0)
+                self._writes_synced(holder.alloc)
             if holder.kind == "attach-w" and holder.alloc.unsealed and \
                     not holder.alloc.unlinked:
                 with self._change(durable=False):
@@ -1496,6 +1524,15 @@ class AllocationManager:
             self._event("corrupt", alloc, cred, offset=offset, length=length,
                         parity=parity)
         return {"path": alloc.path, "offset": offset, "length": length, "parity": parity}
+
+    def note(self, kind: str, **detail) -> None:
+        """Log an event that concerns no node (the scrubber's start and end)."""
+        with self._change(durable=False):
+            self._event(kind, None, None, **detail)
+
+    def save_meta(self, key: str, value: str) -> None:
+        with self._change(durable=False):
+            self.registry.set_meta(key, value)
 
     # =====================================================================================
     # keeper supervision

@@ -93,6 +93,8 @@ class Allocation(Node):
                                      # last holder
     unsealed: bool = False           # attached read-write and not yet sealed: its parity is
                                      # stale (registry column `unsealed`)
+    writing: bool = False            # durable, written since its last sync: a crash now
+                                     # leaves parity stale (registry unsealed = 2)
     dirty_from: int = 1 << 63        # the range written since the last sync (manager.sync):
     dirty_to: int = 0                # its parity is stale until then; empty when from > to
 

@@ -107,6 +107,9 @@ def add_damage_table(db: sqlite3.Connection) -> None:
     );
     -- 1 while a client attached read-write has not sealed: its parity is stale, so verify
     -- and scrub skip it (and must not "repair" the client's writes back), until `seal`.
+    -- 2 while a durable allocation has writes whose parity is not yet refreshed (mount or
+    -- socket writes before their close/fsync): after a crash its parity is rebuilt from
+    -- the data. 0 otherwise.
     ALTER TABLE nodes ADD COLUMN unsealed INTEGER NOT NULL DEFAULT 0;
     """)
 

@@ -64,6 +64,7 @@ def _int(args: dict, key: str, default: int | None = None) -> int:
 class Server:
     def __init__(self, manager: AllocationManager, socket_path: str, info: dict):
         self.manager = manager
+        self.scrubber = None          # daemon/scrub.py; set by gpumemd
         self.socket_path = socket_path
         self.info = info              # daemon facts for hello/status
         self.started = time.time()
@@ -245,6 +246,22 @@ class Server:
                              "e.g. ff or deadbeef") from None
         return self.manager.corrupt(_str(a, "path"), s.cred, _int(a, "offset"),
                                     _int(a, "length"), pattern, _bool(a, "parity")), []
+
+    def op_scrub(self, s: Session, a: dict):
+        """action: start (with an optional rate in bytes/s), stop, status."""
+        if self.scrubber is None:
+            raise InternalError("this gpumemd has no scrubber")
+        action = _str(a, "action", "status")
+        if action == "start":
+            rate = a.get("rate")
+            if rate is not None and (not isinstance(rate, int) or isinstance(rate, bool)):
+                raise UsageError("argument 'rate' must be bytes per second")
+            return self.scrubber.start(rate), []
+        if action == "stop":
+            return self.scrubber.stop(), []
+        if action == "status":
+            return self.scrubber.status(), []
+        raise UsageError(f"unknown scrub action {action!r}: expected start, stop or status")
 
     def op_close(self, s: Session, a: dict):
         written = a.get("written")

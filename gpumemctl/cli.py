@@ -498,6 +498,134 @@ def recover(name: NameArg, json_: JsonOpt = False):
     return UNCORRECTABLE if left or r["uncorrectable"] else (REPAIRED if r["corrected"] else OK)
 
 
+def _when(ns: int | None) -> str:
+    from datetime import datetime, timezone
+    if not ns:
+        return "-"
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, sec = divmod(rest, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+def _scrub_counts(t: dict) -> str:
+    return (f"{t['corrected']} block(s) repaired ({t['symbols']} symbols), "
+            f"{t['uncorrectable']} uncorrectable, {t['skipped']} skipped")
+
+
+def scrub_report(st: dict) -> list[str]:
+    """`scrub status` in the manner of `zpool status` / `btrfs scrub status`."""
+    if st.get("running"):
+        t = st["totals"]
+        eta = st.get("eta_seconds")
+        return [f"scrub: in progress since {_when(st['started_ns'])}",
+                f"  {format_size(t['bytes'])} of {format_size(st['to_scrub'])} scrubbed "
+                f"({100 * st['progress']:.1f}%) at {format_size(int(st['rate_now']))}/s, "
+                f"{_duration(eta)} to go" + (f", rate limit {format_size(st['rate'])}/s"
+                                             if st.get("rate") else ""),
+                f"  {_scrub_counts(t)}"]
+    last = st.get("last")
+    if not last:
+        return ["scrub: none has run yet"]
+    t = last["totals"]
+    how = "stopped" if last["stopped"] else "finished"
+    rate = f" at {format_size(int(last['rate']))}/s" if last.get("rate") else ""
+    lines = [f"scrub: {how} {_when(last['finished_ns'])} after "
+             f"{_duration(last['seconds'])}: {format_size(t['bytes'])} scrubbed{rate}",
+             f"  {_scrub_counts(t)}"]
+    for alloc in last.get("allocations", {}).values():
+        if alloc["corrected"] or alloc["uncorrectable"]:
+            lines.append(f"  {alloc['path']}: {_scrub_counts(alloc)}")
+    return lines
+
+
+def scrub_exit(st: dict) -> int:
+    t = (st.get("last") or {}).get("totals") or {}
+    return UNCORRECTABLE if t.get("uncorrectable") else (REPAIRED if t.get("corrected")
+                                                          else OK)
+
+
+scrub_app = typer.Typer(help="Verify and repair everything in the background "
+                             "(docs/ecc.md).", invoke_without_command=True)
+app.add_typer(scrub_app, name="scrub")
+
+
+def _scrub_call(action: str, **kw) -> dict:
+    try:
+        with connect() as c:
+            return c.scrub(action, **kw)
+    except GpumemError as exc:
+        output.error(str(exc))
+        raise typer.Exit(exc.code) from None
+
+
+@scrub_app.callback()
+def scrub(ctx: typer.Context,
+          wait: Annotated[bool, typer.Option("--wait", help="Block until the scrub ends; "
+                                             "exit 0 clean, 1 repaired, 8 damage left.")]
+          = False,
+          rate: Annotated[Optional[str], typer.Option(
+              "--rate", help="At most this many bytes/s (e.g. 2G); default: 10% of the "
+                             "time, leaving 90% of the bandwidth to users.")] = None,
+          quiet: Annotated[bool, typer.Option("--quiet", "-q", help="With --wait: print "
+                                              "nothing when all is clean.")] = False,
+          json_: JsonOpt = False):
+    """Start a scrub (`gpumemctl scrub`), or: scrub status, scrub stop."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        limit = parse_size(rate) if rate else None
+    except GpumemError as exc:
+        output.error(str(exc))
+        raise typer.Exit(exc.code) from None
+    st = _scrub_call("start", rate=limit)
+    if not wait:
+        if want_json(json_):
+            output.emit_json(st)
+        else:
+            output.data(f"scrub: started, {format_size(st['to_scrub'])} to scrub "
+                        "(`gpumemctl scrub status` follows it)")
+        raise typer.Exit(OK)
+    import time
+    while st.get("running"):
+        time.sleep(0.2)
+        st = _scrub_call("status")
+    code = scrub_exit(st)
+    if want_json(json_):
+        output.emit_json(st)
+    elif not (quiet and code == OK):
+        for line in scrub_report(st):
+            output.data(line)
+    raise typer.Exit(code)
+
+
+@scrub_app.command("status")
+def scrub_status(json_: JsonOpt = False):
+    """Progress, rate and ETA of a running scrub; the last result otherwise."""
+    st = _scrub_call("status")
+    if want_json(json_):
+        output.emit_json(st)
+    else:
+        for line in scrub_report(st):
+            output.data(line)
+
+
+@scrub_app.command("stop")
+def scrub_stop(json_: JsonOpt = False):
+    """Stop the running scrub (its counters so far become the last result)."""
+    st = _scrub_call("stop")
+    if want_json(json_):
+        output.emit_json(st)
+    else:
+        output.data("scrub: stopping")
+
+
 debug_app = typer.Typer(help="Fault injection for tests and drills (gpumemd "
                              "--enable-fault-injection).", no_args_is_help=True)
 app.add_typer(debug_app, name="debug")

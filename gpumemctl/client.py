@@ -275,6 +275,12 @@ class Client:
     def recover(self, path: str) -> dict:
         return self._long_call("recover", path=path)
 
+    def scrub(self, action: str = "status", *, rate: int | None = None) -> dict:
+        args = {"action": action}
+        if rate is not None:
+            args["rate"] = rate
+        return self.call("scrub", **args)
+
     def debug_corrupt(self, path: str, *, offset: int, length: int, parity: bool = False,
                       pattern: str = "ff") -> dict:
         return self.call("debug_corrupt", path=path, offset=offset, length=length,

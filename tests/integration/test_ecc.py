@@ -154,3 +154,26 @@ def test_bad_corrupt_arguments(ecc_daemon):
                                        check=2).stderr
     d.cli("verify", "nothere", check=4)
     d.cli("verify", check=2)                       # neither names nor --all
+
+
+def test_writes_in_flight_at_a_crash_keep_their_data(mounted_factory):
+    """A durable file written through the mount and not yet closed when gpumemd dies: its
+    parity is rebuilt from the data at the next start (the writes are not "repaired" away),
+    and damage found before the crash elsewhere is still found after it."""
+    d = mounted_factory(extra_args=["--enable-fault-injection"])
+    data = bytearray(make(d, "f"))
+    make(d, "other")
+    d.cli("debug", "corrupt", "other", "--offset", "10", "--length", "10", check=True)
+    fd = os.open(os.path.join(d.mnt, "f"), os.O_RDWR)
+    os.pwrite(fd, b"new" * 1000, 5000)
+    data[5000:8000] = b"new" * 1000
+    d.kill9()
+    try:
+        os.close(fd)
+    except OSError:
+        pass                       # the dead mount may say ENOTCONN: the fd is gone anyway
+    d.start()
+    verify(d, "f", code=0)
+    assert d.cli("read", "f", check=True).stdout == bytes(data)
+    assert "parity" in [e["kind"] for e in d.cli_json("events")]
+    verify(d, "other", "--repair", code=1)

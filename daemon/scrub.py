@@ -1,0 +1,176 @@
+"""The background scrubber: verify and repair every protected block, slowly.
+
+A scrub walks the allocations in id order and each one block range at a time
+(AllocationManager.verify_steps, with repair), so it shares the event loop with everything
+else. It is rate-limited: with `rate` (bytes/s) it sleeps to stay under that rate; without,
+it sleeps nine times as long as each piece took, so that it uses at most 10% of the codec's
+(and the memory's) time and leaves at least 90% to users.
+
+Its state is persisted in the registry (meta key `scrub`, JSON) after each allocation and
+about once a second: a daemon that is killed mid-scrub resumes at the allocation and block
+it had reached when it starts again. Counters: in total and per allocation, bytes and blocks
+scrubbed, duration, corrected and uncorrectable blocks, skipped blocks (unsealed, or
+written since their last sync). `gpumemctl scrub status` prints them (docs/ecc.md).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import trio
+
+from gpumemctl.protocol import InvalidState, UsageError
+
+from .ecc.layout import BLOCK
+from .manager import AllocationManager
+
+log = logging.getLogger("gpumemd")
+
+META_KEY = "scrub"
+SAVE_SECONDS = 1.0
+DUTY = 0.10                 # without a rate: the share of time a scrub may take
+COUNTERS = ("bytes", "blocks", "clean", "corrected", "uncorrectable", "skipped", "symbols")
+
+
+def _zero() -> dict:
+    return {k: 0 for k in COUNTERS}
+
+
+class Scrubber:
+    def __init__(self, manager: AllocationManager):
+        self.m = manager
+        self.state = self._load()
+        self.wake = trio.Event()
+        self._stop = False
+
+    # ---- persisted state ----------------------------------------------------------------
+    def _load(self) -> dict:
+        raw = self.m.registry.meta(META_KEY)
+        if raw:
+            try:
+                return json.loads(raw)
+            except ValueError:
+                log.warning("scrub state in the registry is unreadable; starting afresh")
+        return {"running": False, "last": None}
+
+    def _save(self) -> None:
+        self.m.save_meta(META_KEY, json.dumps(self.state))
+
+    # ---- control (socket requests) --------------------------------------------------------
+    def start(self, rate: int | None) -> dict:
+        if rate is not None and rate < 1:
+            raise UsageError(f"invalid rate {rate}: bytes per second, at least 1")
+        if self.state.get("running"):
+            raise InvalidState("a scrub is already running; `gpumemctl scrub status` shows "
+                               "it, `gpumemctl scrub stop` stops it")
+        total = sum(a.size or 0 for a in self._targets())
+        self.state = {"running": True, "rate": rate, "started_ns": time.time_ns(),
+                      "position": {"id": 0, "block": 0}, "to_scrub": total,
+                      "elapsed": 0.0, "totals": _zero(), "allocations": {},
+                      "last": self.state.get("last")}
+        self._save()
+        self._event("scrub", action="start", rate=rate, bytes=total)
+        self.wake.set()
+        return self.status()
+
+    def stop(self) -> dict:
+        if not self.state.get("running"):
+            raise InvalidState("no scrub is running")
+        self._stop = True
+        self.wake.set()
+        return self.status()
+
+    def status(self) -> dict:
+        s = dict(self.state)
+        if s.get("running"):
+            done = s["totals"]["bytes"]
+            wall = (time.time_ns() - s["started_ns"]) / 1e9
+            rate = done / wall if wall > 0 else 0.0
+            s["progress"] = min(1.0, done / s["to_scrub"]) if s["to_scrub"] else 1.0
+            s["rate_now"] = rate
+            s["eta_seconds"] = max(0.0, (s["to_scrub"] - done) / rate) if rate else None
+        return s
+
+    # ---- the task -----------------------------------------------------------------------
+    async def run(self) -> None:
+        """The daemon's scrub task: idle until a scrub starts (or resumes at start-up)."""
+        if self.state.get("running"):
+            log.info("resuming the scrub at allocation %(id)s block %(block)s",
+                     self.state["position"])
+        while True:
+            if not self.state.get("running"):
+                await self.wake.wait()
+                self.wake = trio.Event()
+                continue
+            await self._scrub()
+
+    def _targets(self):
+        return sorted((a for a in self.m.allocations()
+                       if a.ecc == "rs" and a.buffer is not None and not a.unlinked),
+                      key=lambda a: a.id)
+
+    async def _scrub(self) -> None:
+        pos, s = self.state["position"], self.state
+        saved = time.monotonic()
+        for alloc in self._targets():
+            if alloc.id < pos["id"]:
+                continue
+            first = pos["block"] if alloc.id == pos["id"] else 0
+            pos.update(id=alloc.id, block=first)
+            steps = self.m.verify_steps(alloc, repair=True, first_block=first)
+            t0 = time.monotonic()
+            while True:
+                if self._stop:
+                    return self._finish(stopped=True)
+                piece = time.monotonic()
+                try:
+                    pos["block"] = next(steps)
+                except StopIteration as done:
+                    self._count(alloc, done.value, time.monotonic() - t0)
+                    break
+                took = time.monotonic() - piece
+                s["elapsed"] += took
+                await self._throttle(took, pos["block"] - first)
+                if time.monotonic() - saved > SAVE_SECONDS:
+                    self._save()
+                    saved = time.monotonic()
+            pos.update(id=alloc.id + 1, block=0)
+            self._save()
+            await trio.sleep(0)
+        self._finish(stopped=False)
+
+    async def _throttle(self, took: float, blocks_done: int) -> None:
+        rate = self.state.get("rate")
+        if rate:
+            # Sleep until this piece's bytes fit under the rate.
+            await trio.sleep(min(1.0, self.m.parity.chunk_blocks * BLOCK / rate))
+        else:
+            await trio.sleep(took * (1 - DUTY) / DUTY)
+
+    def _count(self, alloc, result: dict, seconds: float) -> None:
+        per = {k: result.get(k, 0) for k in COUNTERS}
+        per.update(path=alloc.path, seconds=round(seconds, 3),
+                   rate=per["bytes"] / seconds if seconds else None,
+                   finished_ns=time.time_ns())
+        self.state["allocations"][str(alloc.id)] = per
+        for k in COUNTERS:
+            self.state["totals"][k] += per[k]
+
+    def _finish(self, stopped: bool) -> None:
+        s = self.state
+        now = time.time_ns()
+        wall = (now - s["started_ns"]) / 1e9
+        last = {"started_ns": s["started_ns"], "finished_ns": now, "stopped": stopped,
+                "seconds": wall, "busy_seconds": s["elapsed"], "totals": s["totals"],
+                "rate": s["totals"]["bytes"] / wall if wall > 0 else None,
+                "allocations": s["allocations"]}
+        self.state = {"running": False, "last": last}
+        self._stop = False
+        self._save()
+        t = s["totals"]
+        self._event("scrub", action="stopped" if stopped else "finished",
+                    **{k: t[k] for k in ("bytes", "corrected", "uncorrectable", "skipped")})
+
+    def _event(self, kind: str, **detail) -> None:
+        self.m.note(kind, **detail)
