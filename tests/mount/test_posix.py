@@ -5,6 +5,7 @@ check`) must be clean afterwards."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -25,6 +26,7 @@ def shared_mount(tmp_path_factory):
     d.stop()
     d.cleanup()
     log = d.log()
+    shutil.rmtree(d.base, ignore_errors=True)
     assert "Traceback" not in log and " ERROR: " not in log, log[-4000:]
 
 
