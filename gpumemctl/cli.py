@@ -92,11 +92,11 @@ def _ls_row(e: dict) -> list[str]:
     name = e["path"] + ("/" if e["type"] == "directory" else "")
     if e["type"] == "directory":
         return [_mode_string(e), f"{e['uid']}:{e['gid']}", "-", "-", "-", "-", "dir", "-",
-                e["modified"][:19], name]
+                "-", e["modified"][:19], name]
     return [_mode_string(e), f"{e['uid']}:{e['gid']}", format_size(e["size"]),
             format_size(e["capacity"]), (e["device"] or "-")[:13],
-            "durable" if e["durable"] else "transient", e["state"], str(e["refcount"]),
-            e["modified"][:19], name]
+            "durable" if e["durable"] else "transient", e["state"], e["ecc"],
+            str(e["refcount"]), e["modified"][:19], name]
 
 
 def _mode_string(e: dict) -> str:
@@ -121,7 +121,7 @@ def ls(path: Annotated[str, typer.Argument(help="Directory or allocation.")] = "
     elif long:
         output.table([_ls_row(e) for e in entries],
                      ["MODE", "OWNER", "SIZE", "CAPACITY", "DEVICE", "DURABILITY", "STATE",
-                      "REFS", "MODIFIED", "NAME"], right={2, 3, 7})
+                      "ECC", "REFS", "MODIFIED", "NAME"], right={2, 3, 8})
     else:
         for e in entries:
             output.data(e["path"] + ("/" if e["type"] == "directory" else ""))

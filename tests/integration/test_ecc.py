@@ -137,6 +137,8 @@ def test_ecc_none_and_fault_injection_refused(daemon_factory):
     d.cli("create", "plain", "--size", "1M", "--ecc", "none", check=True)
     d.cli("create", "safe", "--size", "1M", check=True)
     assert d.cli_json("info", "plain")["ecc"] == "none"
+    lines = [ln.split() for ln in d.cli("ls", "-l", check=True).stdout.decode().splitlines()]
+    assert [ln[7] for ln in lines] == ["ECC", "none", "rs"]
     r = verify(d, "--all", code=0)["allocations"]
     assert [(x["path"], x.get("skipped_reason")) for x in r] == [("plain", "no ECC"),
                                                                  ("safe", None)]
