@@ -247,6 +247,18 @@ class Server:
         return self.manager.corrupt(_str(a, "path"), s.cred, _int(a, "offset"),
                                     _int(a, "length"), pattern, _bool(a, "parity")), []
 
+    def _scrub_summary(self) -> dict:
+        """`status`'s scrub part: the running scrub's progress, or the last result."""
+        if self.scrubber is None:
+            return {"state": "unavailable"}
+        st = self.scrubber.status()
+        if st.get("running"):
+            return {"state": "running", "progress": st["progress"], "totals": st["totals"],
+                    "eta_seconds": st["eta_seconds"]}
+        last = st.get("last")
+        return {"state": "idle", "last": None if not last else
+                {k: last[k] for k in ("finished_ns", "stopped", "seconds", "totals")}}
+
     def op_scrub(self, s: Session, a: dict):
         """action: start (with an optional rate in bytes/s), stop, status."""
         if self.scrubber is None:
@@ -280,8 +292,7 @@ class Server:
             "keeper": m.keeper.info(),
             "devices": devices,
             "totals": m.totals(),
-            "scrub": {"state": "unavailable",
-                      "reason": "ECC parity and scrubbing are not built yet"},
+            "scrub": self._scrub_summary(),
         }, []
 
     async def op_devices(self, s: Session, a: dict):

@@ -48,6 +48,8 @@ def test_scrub_repairs_and_reports(d):
     last = status(d)["last"]
     assert last["totals"]["bytes"] == 9 * MiB and not last["stopped"]
     assert {a["path"] for a in last["allocations"].values()} == {"a", "b", "plain"}
+    summary = d.cli_json("status")["scrub"]
+    assert summary["state"] == "idle" and summary["last"]["totals"]["uncorrectable"] == 1
     kinds = [(e["kind"], e["detail"].get("action")) for e in d.cli_json("events")]
     assert ("scrub", "start") in kinds and ("scrub", "finished") in kinds
 
