@@ -1,0 +1,219 @@
+"""The CUDA codec: RS(136,128) encode/verify and block checksums on the device.
+
+Kernels (daemon/ecc/gpu_kernels.cu) are compiled at first use by NVRTC for the device's
+architecture and cached on disk (cache_dir, keyed by the sha256 of source + options and the
+architecture), so a daemon restart loads a cubin instead of compiling. The API mirrors
+daemon/ecc/cpu.py on device pointers (the daemon's own mappings); results come back to the
+host and every call ends synchronised, so the caller may free the memory afterwards.
+
+encode and verify run on the GPU; repair decodes the (rare) damaged blocks with the numpy
+codec on host copies of just those blocks.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+
+import numpy as np
+
+from gpumemctl import cudadrv
+
+from . import cpu
+from .layout import BLOCK, CHECKSUM_BYTES, CLEAN, CODEWORDS, PARITY_BLOCK, PRIM
+
+log = logging.getLogger("gpumemd")
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_kernels.cu")
+GENERATOR = (1, 227, 44, 178, 71, 172, 8, 224, 37)     # g(x), x^8 first (checked below)
+THREADS = 256
+DAMAGED, REFRESHED, NEEDS_REPAIR = 1, 1, 3
+
+
+def _gf_mul(a: int, b: int) -> int:
+    out = 0
+    while b:
+        if b & 1:
+            out ^= a
+        a = (a << 1) ^ (PRIM if a & 0x80 else 0)
+        b >>= 1
+    return out
+
+
+def _generator() -> tuple[int, ...]:
+    g = [1]
+    root = 1
+    for _ in range(8):
+        root = _gf_mul(root, 2)
+        g = [a ^ _gf_mul(b, root) for a, b in zip(g + [0], [0] + g)]
+    return tuple(g)
+
+
+def source_text() -> str:
+    """kernels.cu with the generator's multiplication table filled in."""
+    assert _generator() == GENERATOR
+    table = ",".join("{" + ",".join(str(_gf_mul(GENERATOR[i + 1], v)) for v in range(256)) + "}"
+                     for i in range(8))
+    with open(SOURCE) as f:
+        return f.read().replace("GT_TABLE", table)
+
+
+def _nvrtc_check(result, prog=None, what: str = "") -> None:
+    from cuda.bindings import nvrtc
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        detail = ""
+        if prog is not None:
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            buf = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, buf)
+            detail = buf.decode(errors="replace").strip()
+        raise cudadrv.CudaError(f"NVRTC {what} failed: {result} {detail}", call=what)
+
+
+def compile_cubin(src: str, arch: str) -> bytes:
+    from cuda.bindings import nvrtc
+    err, prog = nvrtc.nvrtcCreateProgram(src.encode(), b"kernels.cu", 0, [], [])
+    _nvrtc_check(err, what="nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17"]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _nvrtc_check(err, prog, "nvrtcCompileProgram")
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _nvrtc_check(err, what="nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _nvrtc_check(err, what="nvrtcGetCUBIN")
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+class GpuCodec:
+    def __init__(self, index: int, cache_dir: str | None):
+        self.index = index
+        major = cudadrv.attribute(index, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR")
+        minor = cudadrv.attribute(index, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")
+        self.arch = f"sm_{major}{minor}"
+        src = source_text()
+        key = hashlib.sha256((src + self.arch).encode()).hexdigest()[:32]
+        self.compiled_from_cache = False
+        cubin = None
+        path = os.path.join(cache_dir, f"rs-{self.arch}-{key}.cubin") if cache_dir else None
+        if path and os.path.exists(path):
+            with open(path, "rb") as f:
+                cubin = f.read()
+            self.compiled_from_cache = True
+        if cubin is None:
+            cubin = compile_cubin(src, self.arch)
+            if path:
+                os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.write(cubin)
+                os.replace(tmp, path)          # atomic: a concurrent start never sees half
+        self.cache_path = path
+        with cudadrv.context(index):
+            self.module = cudadrv._cu("cuModuleLoadData", cubin)
+            self.fn = {name: cudadrv._cu("cuModuleGetFunction", self.module, name.encode())
+                       for name in ("rs_encode", "rs_check", "block_sums")}
+            self.stream = cudadrv.stream_create()
+        self._scratch, self._scratch_size = 0, 0
+
+    # ---- plumbing -----------------------------------------------------------------------
+    def _launch(self, name: str, grid: int, args: tuple, types: tuple) -> None:
+        cudadrv._cu("cuLaunchKernel", self.fn[name], grid, 1, 1, THREADS, 1, 1, 0,
+                    self.stream, (args, types), 0)
+
+    def _scratch_for(self, size: int) -> int:
+        if size > self._scratch_size:
+            if self._scratch:
+                cudadrv._cu("cuMemFree", self._scratch)
+            self._scratch = int(cudadrv._cu("cuMemAlloc", size))
+            self._scratch_size = size
+        return self._scratch
+
+    def _sync(self) -> None:
+        cudadrv.stream_synchronize(self.stream)
+
+    def _to_host(self, ptr: int, n: int) -> np.ndarray:
+        out = np.empty(n, np.uint8)
+        cudadrv.memcpy_dtoh(out.ctypes.data, ptr, n)
+        return out
+
+    def _to_device(self, ptr: int, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr)
+        cudadrv.memcpy_htod(ptr, arr.ctypes.data, arr.nbytes)
+
+    def _encode_parity(self, d: int, p: int, n: int) -> None:
+        grid = (n * CODEWORDS + THREADS - 1) // THREADS
+        self._launch("rs_encode", grid, (d, p, n),
+                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint))
+
+    def _sums(self, d: int, out: int, n: int) -> None:
+        self._launch("block_sums", n, (d, out, n),
+                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint))
+
+    # ---- the API (daemon/ecc/cpu.py) ------------------------------------------------------
+    def encode(self, d: int, p: int, c: int, n: int) -> None:
+        if not n:
+            return
+        with cudadrv.context(self.index):
+            self._encode_parity(d, p, n)
+            self._sums(d, c, n)
+            self._sync()
+
+    def _flags(self, d: int, p: int, c: int, n: int):
+        """(parity mismatch per block, checksum mismatch per block)."""
+        scratch = self._scratch_for(n * 4 + n * CHECKSUM_BYTES)
+        flags, sums = scratch, scratch + n * 4
+        cudadrv._cu("cuMemsetD8Async", flags, 0, n * 4, self.stream)   # on our stream
+        grid = (n * CODEWORDS + THREADS - 1) // THREADS
+        self._launch("rs_check", grid, (d, p, flags, n),
+                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint))
+        self._sums(d, sums, n)
+        self._sync()
+        parity_bad = self._to_host(flags, n * 4).view(np.uint32) != 0
+        stored = self._to_host(c, n * CHECKSUM_BYTES).reshape(n, CHECKSUM_BYTES)
+        computed = self._to_host(sums, n * CHECKSUM_BYTES).reshape(n, CHECKSUM_BYTES)
+        return parity_bad, (stored != computed).any(axis=1)
+
+    def verify(self, d: int, p: int, c: int, n: int) -> np.ndarray:
+        if not n:
+            return np.zeros(0, np.uint8)
+        with cudadrv.context(self.index):
+            parity_bad, sum_bad = self._flags(d, p, c, n)
+        return np.where(parity_bad | sum_bad, DAMAGED, CLEAN).astype(np.uint8)
+
+    def repair(self, d: int, p: int, c: int, n: int):
+        """Damaged blocks are decoded by the numpy codec on host copies of just those
+        blocks (rare), then written back."""
+        status = np.zeros(n, np.uint8)
+        corrected = np.zeros(n, np.int64)
+        bad = np.nonzero(self.verify(d, p, c, n))[0]
+        with cudadrv.context(self.index):
+            for b in bad:
+                b = int(b)
+                spans = ((d + b * BLOCK, BLOCK), (p + b * PARITY_BLOCK, PARITY_BLOCK),
+                         (c + b * CHECKSUM_BYTES, CHECKSUM_BYTES))
+                copies = [self._to_host(ptr, size) for ptr, size in spans]
+                st, cnt = cpu.repair(*copies)
+                status[b], corrected[b] = st[0], cnt[0]
+                if st[0] != CLEAN:
+                    for (ptr, _), arr in zip(spans, copies):
+                        self._to_device(ptr, arr)
+            cudadrv.ctx_synchronize()   # the copies back ran on the legacy stream
+        return status, corrected
+
+    def verify_refresh(self, d: int, p: int, c: int, n: int) -> np.ndarray:
+        out = np.zeros(n, np.uint8)
+        if not n:
+            return out
+        with cudadrv.context(self.index):
+            parity_bad, sum_bad = self._flags(d, p, c, n)
+            for b in np.nonzero(parity_bad & ~sum_bad)[0]:
+                self._encode_parity(d + int(b) * BLOCK, p + int(b) * PARITY_BLOCK, 1)
+                out[b] = REFRESHED
+            self._sync()
+        out[sum_bad] = NEEDS_REPAIR
+        return out
