@@ -21,13 +21,13 @@ import numpy as np
 from gpumemctl import cudadrv
 
 from . import cpu
-from .layout import BLOCK, CHECKSUM_BYTES, CLEAN, CODEWORDS, PARITY_BLOCK, PRIM
+from .layout import BLOCK, CHECKSUM_BYTES, CLEAN, PARITY_BLOCK, PRIM
 
 log = logging.getLogger("gpumemd")
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_kernels.cu")
 GENERATOR = (1, 227, 44, 178, 71, 172, 8, 224, 37)     # g(x), x^8 first (checked below)
-THREADS = 256
+THREADS = 256          # per data block: 4 codewords a thread (gpu_kernels.cu)
 DAMAGED, REFRESHED, NEEDS_REPAIR = 1, 1, 3
 
 
@@ -50,13 +50,21 @@ def _generator() -> tuple[int, ...]:
     return tuple(g)
 
 
+def rs_step_source() -> str:
+    """RS_STEP's body: the shift register step, r_i = r_(i+1) ^ g_(i+1) * fb, with each
+    multiplication by a constant written as the XOR of fb * x^k (x0..x7) for its set bits."""
+    lines = []
+    for i, coeff in enumerate(GENERATOR[1:]):
+        terms = " ^ ".join(f"x{k}" for k in range(8) if coeff >> k & 1)
+        lines.append(f"r{i} = r{i + 1} ^ ({terms});" if i < 7 else f"r7 = {terms};")
+    return " ".join(lines)
+
+
 def source_text() -> str:
-    """kernels.cu with the generator's multiplication table filled in."""
+    """gpu_kernels.cu with the shift-register step filled in from g(x)."""
     assert _generator() == GENERATOR
-    table = ",".join("{" + ",".join(str(_gf_mul(GENERATOR[i + 1], v)) for v in range(256)) + "}"
-                     for i in range(8))
     with open(SOURCE) as f:
-        return f.read().replace("GT_TABLE", table)
+        return f.read().replace("RS_STEP_BODY", rs_step_source())
 
 
 def _nvrtc_check(result, prog=None, what: str = "") -> None:
@@ -116,7 +124,7 @@ class GpuCodec:
         with cudadrv.context(index):
             self.module = cudadrv._cu("cuModuleLoadData", cubin)
             self.fn = {name: cudadrv._cu("cuModuleGetFunction", self.module, name.encode())
-                       for name in ("rs_encode", "rs_check", "block_sums")}
+                       for name in ("rs_encode", "rs_check")}
             self.stream = cudadrv.stream_create()
         self._scratch, self._scratch_size = 0, 0
 
@@ -145,38 +153,27 @@ class GpuCodec:
         arr = np.ascontiguousarray(arr)
         cudadrv.memcpy_htod(ptr, arr.ctypes.data, arr.nbytes)
 
-    def _encode_parity(self, d: int, p: int, n: int) -> None:
-        grid = (n * CODEWORDS + THREADS - 1) // THREADS
-        self._launch("rs_encode", grid, (d, p, n),
-                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint))
-
-    def _sums(self, d: int, out: int, n: int) -> None:
-        self._launch("block_sums", n, (d, out, n),
-                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint))
+    def _encode(self, d: int, p: int, c: int, n: int) -> None:
+        self._launch("rs_encode", n, (d, p, c, n),
+                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint))
 
     # ---- the API (daemon/ecc/cpu.py) ------------------------------------------------------
     def encode(self, d: int, p: int, c: int, n: int) -> None:
         if not n:
             return
         with cudadrv.context(self.index):
-            self._encode_parity(d, p, n)
-            self._sums(d, c, n)
+            self._encode(d, p, c, n)
             self._sync()
 
     def _flags(self, d: int, p: int, c: int, n: int):
-        """(parity mismatch per block, checksum mismatch per block)."""
-        scratch = self._scratch_for(n * 4 + n * CHECKSUM_BYTES)
-        flags, sums = scratch, scratch + n * 4
-        cudadrv._cu("cuMemsetD8Async", flags, 0, n * 4, self.stream)   # on our stream
-        grid = (n * CODEWORDS + THREADS - 1) // THREADS
-        self._launch("rs_check", grid, (d, p, flags, n),
-                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint))
-        self._sums(d, sums, n)
+        """(parity mismatch per block, checksum mismatch per block), in one pass."""
+        flags = self._scratch_for(n * 4)
+        self._launch("rs_check", n, (d, p, c, flags, n),
+                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                      ctypes.c_uint))
         self._sync()
-        parity_bad = self._to_host(flags, n * 4).view(np.uint32) != 0
-        stored = self._to_host(c, n * CHECKSUM_BYTES).reshape(n, CHECKSUM_BYTES)
-        computed = self._to_host(sums, n * CHECKSUM_BYTES).reshape(n, CHECKSUM_BYTES)
-        return parity_bad, (stored != computed).any(axis=1)
+        bits = self._to_host(flags, n * 4).view(np.uint32)
+        return (bits & 1) != 0, (bits & 2) != 0
 
     def verify(self, d: int, p: int, c: int, n: int) -> np.ndarray:
         if not n:
@@ -212,7 +209,8 @@ class GpuCodec:
         with cudadrv.context(self.index):
             parity_bad, sum_bad = self._flags(d, p, c, n)
             for b in np.nonzero(parity_bad & ~sum_bad)[0]:
-                self._encode_parity(d + int(b) * BLOCK, p + int(b) * PARITY_BLOCK, 1)
+                b = int(b)
+                self._encode(d + b * BLOCK, p + b * PARITY_BLOCK, c + b * CHECKSUM_BYTES, 1)
                 out[b] = REFRESHED
             self._sync()
         out[sum_bad] = NEEDS_REPAIR

@@ -1,91 +1,88 @@
 // RS(136,128) codec kernels for gpumemd (layout: ../shared/ECC.md, docs/ecc.md).
-// One thread per codeword: codeword c of block b takes message byte j from
-// data[b*131072 + j*1024 + c], so consecutive threads read consecutive bytes (coalesced).
-// GT[i][v] = g_{i+1} * v in GF(2^8) (0x11D), g(x) = x^8 + g_1 x^7 + ... + g_8, filled in by
-// the host from the generator polynomial (gpu.py) before compilation.
+//
+// Packed bytes: thread t of CUDA block b handles codewords 4t..4t+3 of data block b. Row j
+// of those four codewords is one 32-bit word at data[b*131072 + j*1024 + 4t] (a warp reads
+// 128 contiguous bytes), and GF(2^8) arithmetic runs on the four byte lanes at once:
+// xt() multiplies each lane by x (alpha) modulo 0x11D, and a multiplication by a generator
+// coefficient is the XOR of the x^k multiples for the coefficient's set bits. RS_STEP is
+// one step of the systematic encoder's shift register (remainder of m(x) x^8 mod g(x)),
+// written out by the host from g(x) (cuda_codec.py: rs_step_source), so the constants live
+// in one place.
 
 #define BLOCK 131072u
-#define CODEWORDS 1024u
+#define ROW_WORDS 256u                  // 1024 codewords = 256 words per message row
 #define PARITY_BLOCK 8192u
 
-__constant__ unsigned char GT[8][256] = { GT_TABLE };
+__device__ __forceinline__ unsigned int xt(unsigned int v) {
+    return ((v & 0x7f7f7f7fu) << 1) ^ (((v >> 7) & 0x01010101u) * 0x1du);
+}
 
-__device__ __forceinline__ void parity_of(const unsigned char* m, unsigned char r[8],
-                                          const unsigned char (*gt)[256]) {
-    #pragma unroll
-    for (int i = 0; i < 8; i++) r[i] = 0;
-    #pragma unroll 4
-    for (unsigned int j = 0; j < 128; j++) {
-        unsigned char fb = m[j * CODEWORDS] ^ r[0];
-        #pragma unroll
-        for (int i = 0; i < 7; i++) r[i] = r[i + 1] ^ gt[i][fb];
-        r[7] = gt[7][fb];
+#define RS_STEP(w) {                                                                     \
+    unsigned int x0 = (w) ^ r0;                                                         \
+    unsigned int x1 = xt(x0), x2 = xt(x1), x3 = xt(x2), x4 = xt(x3);                    \
+    unsigned int x5 = xt(x4), x6 = xt(x5), x7 = xt(x6);                                 \
+    RS_STEP_BODY                                                                        \
+}
+
+// The parity of four codewords, and this thread's share of the block checksum (word
+// i = j*256 + t of the block: s1 += w, s2 += (2i+1) w); m points at their row 0.
+#define PARITY4(m)                                                                      \
+    unsigned int r0 = 0, r1 = 0, r2 = 0, r3 = 0, r4 = 0, r5 = 0, r6 = 0, r7 = 0;        \
+    unsigned int s1 = 0, s2 = 0;                                                        \
+    _Pragma("unroll 8")                                                                 \
+    for (unsigned int j = 0; j < 128; j++) {                                            \
+        unsigned int w = __ldg((m) + j * ROW_WORDS);                                    \
+        s1 += w;                                                                        \
+        s2 += (2u * (j * ROW_WORDS + threadIdx.x) + 1u) * w;                            \
+        RS_STEP(w)                                                                      \
+    }
+
+// Sum s1 and s2 over the CUDA block (256 threads); the totals land in thread 0.
+__device__ __forceinline__ void block_sum2(unsigned int& s1, unsigned int& s2) {
+    __shared__ unsigned int a[8], m[8];
+    for (int k = 16; k > 0; k >>= 1) {
+        s1 += __shfl_down_sync(0xffffffffu, s1, k);
+        s2 += __shfl_down_sync(0xffffffffu, s2, k);
+    }
+    if ((threadIdx.x & 31) == 0) { a[threadIdx.x >> 5] = s1; m[threadIdx.x >> 5] = s2; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < 8; k++) { s1 += a[k]; s2 += m[k]; }
     }
 }
 
-__device__ __forceinline__ void load_table(unsigned char (*gt)[256]) {
-    for (unsigned int i = threadIdx.x; i < 8 * 256; i += blockDim.x)
-        gt[i / 256][i % 256] = GT[i / 256][i % 256];
-    __syncthreads();
-}
-
-extern "C" __global__ void rs_encode(const unsigned char* data, unsigned char* parity,
-                                     unsigned int nblocks) {
-    __shared__ unsigned char gt[8][256];
-    load_table(gt);
-    unsigned long long gid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (gid >= (unsigned long long)nblocks * CODEWORDS) return;
-    unsigned long long b = gid / CODEWORDS;
-    unsigned int c = gid % CODEWORDS;
-    unsigned char r[8];
-    parity_of(data + b * BLOCK + c, r, gt);
-    #pragma unroll
-    for (int i = 0; i < 8; i++) parity[b * PARITY_BLOCK + i * CODEWORDS + c] = r[i];
-}
-
-// flags[b] |= 1 when any codeword of block b does not match its stored parity.
-extern "C" __global__ void rs_check(const unsigned char* data, const unsigned char* parity,
-                                    unsigned int* flags, unsigned int nblocks) {
-    __shared__ unsigned char gt[8][256];
-    load_table(gt);
-    unsigned long long gid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (gid >= (unsigned long long)nblocks * CODEWORDS) return;
-    unsigned long long b = gid / CODEWORDS;
-    unsigned int c = gid % CODEWORDS;
-    unsigned char r[8];
-    parity_of(data + b * BLOCK + c, r, gt);
-    bool bad = false;
-    #pragma unroll
-    for (int i = 0; i < 8; i++) bad |= parity[b * PARITY_BLOCK + i * CODEWORDS + c] != r[i];
-    if (bad) atomicOr(&flags[b], 1u);
-}
-
-// The block checksum (docs/ecc.md): s1 = sum w_i, s2 = sum (2i+1) w_i, mod 2^32, over the
-// block's 32768 little-endian words. One CUDA block of 256 threads per data block.
-extern "C" __global__ void block_sums(const unsigned int* data, unsigned int* out,
-                                      unsigned int nblocks) {
-    __shared__ unsigned int a[256], m[256];
+// Parity and checksums of nblocks blocks, in one pass over the data.
+extern "C" __global__ void rs_encode(const unsigned int* data, unsigned int* parity,
+                                     unsigned int* sums, unsigned int nblocks) {
     unsigned long long b = blockIdx.x;
     if (b >= nblocks) return;
-    const unsigned int* w = data + b * (BLOCK / 4);
-    unsigned int s1 = 0, s2 = 0;
-    for (unsigned int i = threadIdx.x; i < BLOCK / 4; i += blockDim.x) {
-        unsigned int v = w[i];
-        s1 += v;
-        s2 += (2u * i + 1u) * v;
-    }
-    a[threadIdx.x] = s1;
-    m[threadIdx.x] = s2;
-    __syncthreads();
-    for (unsigned int k = blockDim.x / 2; k > 0; k >>= 1) {
-        if (threadIdx.x < k) {
-            a[threadIdx.x] += a[threadIdx.x + k];
-            m[threadIdx.x] += m[threadIdx.x + k];
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        out[2 * b] = a[0];
-        out[2 * b + 1] = m[0];
-    }
+    const unsigned int* m = data + b * (BLOCK / 4) + threadIdx.x;
+    PARITY4(m);
+    unsigned int* p = parity + b * (PARITY_BLOCK / 4) + threadIdx.x;
+    p[0 * ROW_WORDS] = r0; p[1 * ROW_WORDS] = r1; p[2 * ROW_WORDS] = r2;
+    p[3 * ROW_WORDS] = r3; p[4 * ROW_WORDS] = r4; p[5 * ROW_WORDS] = r5;
+    p[6 * ROW_WORDS] = r6; p[7 * ROW_WORDS] = r7;
+    block_sum2(s1, s2);
+    if (threadIdx.x == 0) { sums[2 * b] = s1; sums[2 * b + 1] = s2; }
+}
+
+// One pass: flags[b] bit 0 when a codeword of block b does not match its stored parity (a
+// systematic codeword is consistent exactly when its parity re-encodes to itself: all
+// syndromes zero), bit 1 when the block's checksum does not match the stored one.
+extern "C" __global__ void rs_check(const unsigned int* data, const unsigned int* parity,
+                                    const unsigned int* sums, unsigned int* flags,
+                                    unsigned int nblocks) {
+    unsigned long long b = blockIdx.x;
+    if (b >= nblocks) return;
+    const unsigned int* m = data + b * (BLOCK / 4) + threadIdx.x;
+    PARITY4(m);
+    const unsigned int* p = parity + b * (PARITY_BLOCK / 4) + threadIdx.x;
+    unsigned int diff = (p[0 * ROW_WORDS] ^ r0) | (p[1 * ROW_WORDS] ^ r1) |
+                        (p[2 * ROW_WORDS] ^ r2) | (p[3 * ROW_WORDS] ^ r3) |
+                        (p[4 * ROW_WORDS] ^ r4) | (p[5 * ROW_WORDS] ^ r5) |
+                        (p[6 * ROW_WORDS] ^ r6) | (p[7 * ROW_WORDS] ^ r7);
+    int bad = __syncthreads_or(diff != 0);
+    block_sum2(s1, s2);
+    if (threadIdx.x == 0)
+        flags[b] = (bad ? 1u : 0u) | ((s1 != sums[2 * b] || s2 != sums[2 * b + 1]) ? 2u : 0u);
 }
