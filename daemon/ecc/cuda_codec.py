@@ -6,8 +6,8 @@ architecture), so a daemon restart loads a cubin instead of compiling. The API m
 daemon/ecc/cpu.py on device pointers (the daemon's own mappings); results come back to the
 host and every call ends synchronised, so the caller may free the memory afterwards.
 
-encode and verify run on the GPU; repair decodes the (rare) damaged blocks with the numpy
-codec on host copies of just those blocks.
+encode, verify and repair (Berlekamp-Massey, Chien search and Forney, one thread per codeword
+of each damaged block) all run on the GPU.
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ import numpy as np
 
 from gpumemctl import cudadrv
 
-from . import cpu
-from .layout import BLOCK, CHECKSUM_BYTES, CLEAN, PARITY_BLOCK, PRIM
+from .layout import BLOCK, CHECKSUM_BYTES, CLEAN, CORRECTED, PARITY_BLOCK, PRIM, UNCORRECTABLE
 
 log = logging.getLogger("gpumemd")
 
@@ -60,11 +59,26 @@ def rs_step_source() -> str:
     return " ".join(lines)
 
 
+def gf_tables() -> tuple[list[int], list[int]]:
+    """exp (512 entries, doubled so exp[log a + log b] needs no modulo) and log tables."""
+    exp, log, x = [0] * 512, [0] * 256, 1
+    for i in range(255):
+        exp[i], log[x] = x, i
+        x = _gf_mul(x, 2)
+    for i in range(255, 512):
+        exp[i] = exp[i - 255]
+    return exp, log
+
+
 def source_text() -> str:
-    """gpu_kernels.cu with the shift-register step filled in from g(x)."""
+    """gpu_kernels.cu with the shift-register step filled in from g(x), and the decoder's
+    GF(2^8) tables."""
     assert _generator() == GENERATOR
+    exp, log = gf_tables()
     with open(SOURCE) as f:
-        return f.read().replace("RS_STEP_BODY", rs_step_source())
+        return (f.read().replace("RS_STEP_BODY", rs_step_source())
+                .replace("GF_EXP_TABLE", ",".join(map(str, exp)))
+                .replace("GF_LOG_TABLE", ",".join(map(str, log))))
 
 
 def _nvrtc_check(result, prog=None, what: str = "") -> None:
@@ -124,9 +138,10 @@ class GpuCodec:
         with cudadrv.context(index):
             self.module = cudadrv._cu("cuModuleLoadData", cubin)
             self.fn = {name: cudadrv._cu("cuModuleGetFunction", self.module, name.encode())
-                       for name in ("rs_encode", "rs_check")}
+                       for name in ("rs_encode", "rs_check", "rs_decode")}
             self.stream = cudadrv.stream_create()
         self._scratch, self._scratch_size = 0, 0
+        self._fix = 0          # repair scratch: a block, its parity, results, flags
 
     # ---- plumbing -----------------------------------------------------------------------
     def _launch(self, name: str, grid: int, args: tuple, types: tuple) -> None:
@@ -183,24 +198,54 @@ class GpuCodec:
         return np.where(parity_bad | sum_bad, DAMAGED, CLEAN).astype(np.uint8)
 
     def repair(self, d: int, p: int, c: int, n: int):
-        """Damaged blocks are decoded by the numpy codec on host copies of just those
-        blocks (rare), then written back."""
+        """Damaged blocks (found by the check pass) are decoded on the GPU, one at a time, on
+        a scratch copy, which replaces the block only if every codeword decoded and the
+        corrected data's checksum matches (docs/ecc.md, "Decode rules")."""
         status = np.zeros(n, np.uint8)
         corrected = np.zeros(n, np.int64)
-        bad = np.nonzero(self.verify(d, p, c, n))[0]
+        if not n:
+            return status, corrected
         with cudadrv.context(self.index):
-            for b in bad:
+            parity_bad, sum_bad = self._flags(d, p, c, n)
+            for b in np.nonzero(parity_bad | sum_bad)[0]:
                 b = int(b)
-                spans = ((d + b * BLOCK, BLOCK), (p + b * PARITY_BLOCK, PARITY_BLOCK),
-                         (c + b * CHECKSUM_BYTES, CHECKSUM_BYTES))
-                copies = [self._to_host(ptr, size) for ptr, size in spans]
-                st, cnt = cpu.repair(*copies)
-                status[b], corrected[b] = st[0], cnt[0]
-                if st[0] != CLEAN:
-                    for (ptr, _), arr in zip(spans, copies):
-                        self._to_device(ptr, arr)
-            cudadrv.ctx_synchronize()   # the copies back ran on the legacy stream
+                status[b], corrected[b] = self._repair_block(
+                    d + b * BLOCK, p + b * PARITY_BLOCK, c + b * CHECKSUM_BYTES)
         return status, corrected
+
+    def _repair_block(self, d: int, p: int, c: int) -> tuple[int, int]:
+        if not self._fix:
+            self._fix = int(cudadrv._cu("cuMemAlloc", BLOCK + PARITY_BLOCK + 1024 * 4 + 4))
+        sd, sp = self._fix, self._fix + BLOCK
+        res, flag = sp + PARITY_BLOCK, sp + PARITY_BLOCK + 1024 * 4
+        self._copy(sd, d, BLOCK)
+        self._copy(sp, p, PARITY_BLOCK)
+        cudadrv._cu("cuLaunchKernel", self.fn["rs_decode"], 4, 1, 1, 256, 1, 1, 0,
+                    self.stream, ((sd, sp, res),
+                                  (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)), 0)
+        self._sync()
+        found = self._to_host(res, 1024 * 4).view(np.int32)
+        if (found < 0).any():
+            return UNCORRECTABLE, 0
+        symbols = int(found.sum())
+        self._launch("rs_check", 1, (sd, sp, c, flag, 1),
+                     (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                      ctypes.c_uint))
+        self._sync()
+        bits = int(self._to_host(flag, 4).view(np.uint32)[0])
+        if bits == 0 and symbols:                  # decoded, and the checksum agrees
+            self._copy(d, sd, BLOCK)
+            self._copy(p, sp, PARITY_BLOCK)
+            self._sync()
+            return CORRECTED, symbols
+        if bits == 2 and not symbols:              # data and parity agree: the stored
+            self._encode(d, p, c, 1)               # checksum is what was damaged
+            self._sync()
+            return CORRECTED, 0
+        return (CLEAN, 0) if bits == 0 else (UNCORRECTABLE, 0)
+
+    def _copy(self, dst: int, src: int, n: int) -> None:
+        cudadrv._cu("cuMemcpyDtoDAsync", dst, src, n, self.stream)
 
     def verify_refresh(self, d: int, p: int, c: int, n: int) -> np.ndarray:
         out = np.zeros(n, np.uint8)

@@ -86,3 +86,83 @@ extern "C" __global__ void rs_check(const unsigned int* data, const unsigned int
     if (threadIdx.x == 0)
         flags[b] = (bad ? 1u : 0u) | ((s1 != sums[2 * b] || s2 != sums[2 * b + 1]) ? 2u : 0u);
 }
+
+// ---- the decoder: one thread per codeword of one block (1024 threads), in place --------
+// Syndromes, Berlekamp-Massey, Chien search over the shortened positions 0..135, Forney
+// (fcr = 1). result[c]: the number of symbols corrected (0: clean), or -1 when the codeword
+// cannot be decoded (more than 4 errors): the caller then leaves the whole block as it was.
+// Only rare damaged blocks come here (on a scratch copy), so plain table arithmetic will do.
+__constant__ unsigned char GF_EXP[512] = { GF_EXP_TABLE };
+__constant__ unsigned char GF_LOG[256] = { GF_LOG_TABLE };
+
+__device__ __forceinline__ unsigned char gmul(unsigned char a, unsigned char b) {
+    return (a && b) ? GF_EXP[GF_LOG[a] + GF_LOG[b]] : 0;
+}
+__device__ __forceinline__ unsigned char ginv(unsigned char a) {
+    return GF_EXP[255 - GF_LOG[a]];
+}
+
+extern "C" __global__ void rs_decode(unsigned char* data, unsigned char* parity, int* result) {
+    unsigned int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= 1024) return;
+    unsigned char S[8];
+    bool any = false;
+    for (int i = 0; i < 8; i++) {
+        unsigned char a = GF_EXP[i + 1], s = 0;
+        for (int k = 0; k < 136; k++)
+            s = gmul(s, a) ^ (k < 128 ? data[k * 1024 + c] : parity[(k - 128) * 1024 + c]);
+        S[i] = s;
+        any |= s != 0;
+    }
+    if (!any) { result[c] = 0; return; }
+    unsigned char lam[9] = {1, 0, 0, 0, 0, 0, 0, 0, 0}, B[9] = {1, 0, 0, 0, 0, 0, 0, 0, 0};
+    int L = 0, m = 1;
+    unsigned char b = 1;
+    for (int n = 0; n < 8; n++) {
+        unsigned char d = S[n];
+        for (int i = 1; i <= L; i++) d ^= gmul(lam[i], S[n - i]);
+        if (d == 0) { m++; continue; }
+        unsigned char coef = gmul(d, ginv(b)), T[9];
+        for (int i = 0; i < 9; i++) T[i] = lam[i];
+        for (int i = m; i < 9; i++) lam[i] ^= gmul(coef, B[i - m]);
+        if (2 * L <= n) {
+            L = n + 1 - L;
+            for (int i = 0; i < 9; i++) B[i] = T[i];
+            b = d;
+            m = 1;
+        } else {
+            m++;
+        }
+    }
+    if (L > 4) { result[c] = -1; return; }
+    int found = 0, pos[4];
+    unsigned char xinv[4];
+    for (int k = 0; k < 136; k++) {
+        unsigned char x = GF_EXP[(255 - (135 - k) % 255) % 255], v = 0;   // alpha^-(135-k)
+        for (int i = L; i >= 0; i--) v = gmul(v, x) ^ lam[i];
+        if (v == 0) {
+            if (found < 4) { pos[found] = k; xinv[found] = x; }
+            found++;
+        }
+    }
+    if (found != L) { result[c] = -1; return; }
+    unsigned char om[8];
+    for (int i = 0; i < 8; i++) {
+        om[i] = 0;
+        for (int j = 0; j <= i && j <= L; j++) om[i] ^= gmul(lam[j], S[i - j]);
+    }
+    unsigned char e[4];
+    for (int r = 0; r < L; r++) {
+        unsigned char x = xinv[r], num = 0, den = 0, xp = 1, x2 = gmul(x, x);
+        for (int i = 7; i >= 0; i--) num = gmul(num, x) ^ om[i];
+        for (int i = 1; i <= L; i += 2) { den ^= gmul(lam[i], xp); xp = gmul(xp, x2); }
+        if (den == 0) { result[c] = -1; return; }
+        e[r] = gmul(num, ginv(den));
+    }
+    for (int r = 0; r < L; r++) {
+        int k = pos[r];
+        if (k < 128) data[k * 1024 + c] ^= e[r];
+        else parity[(k - 128) * 1024 + c] ^= e[r];
+    }
+    result[c] = L;
+}

@@ -114,6 +114,20 @@ def test_repairs(gpu, seed):
     assert np.array_equal(p.get()[:12 * 8192], good_p[:12 * 8192])
 
 
+def test_damaged_checksum_alone_is_rewritten(gpu):
+    cp, codec, _ = gpu
+    data = np.random.default_rng(9).integers(0, 256, 2 * BLOCK, dtype=np.uint8)
+    n, d, p, c = device_views(cp, data.tobytes())
+    codec.encode(*ptrs(d, p, c), n)
+    good = c.get()
+    bad = good.copy()
+    bad[8 + 3] ^= 0x40                                   # block 1's checksum
+    c.set(bad)
+    status, corrected = codec.repair(*ptrs(d, p, c), n)
+    assert list(status) == [0, 1] and list(corrected) == [0, 0]
+    assert np.array_equal(c.get(), good) and np.array_equal(d.get(), data)
+
+
 def test_kernels_come_from_the_cache_the_second_time(gpu):
     from daemon.ecc.cuda_codec import GpuCodec
     _, first, cache = gpu
