@@ -138,7 +138,8 @@ class GpuCodec:
         with cudadrv.context(index):
             self.module = cudadrv._cu("cuModuleLoadData", cubin)
             self.fn = {name: cudadrv._cu("cuModuleGetFunction", self.module, name.encode())
-                       for name in ("rs_encode", "rs_check", "rs_decode")}
+                       for name in ("rs_encode", "rs_check", "rs_check_refresh",
+                                    "rs_decode")}
             self.stream = cudadrv.stream_create()
         self._scratch, self._scratch_size = 0, 0
         self._fix = 0          # repair scratch: a block, its parity, results, flags
@@ -248,15 +249,16 @@ class GpuCodec:
         cudadrv._cu("cuMemcpyDtoDAsync", dst, src, n, self.stream)
 
     def verify_refresh(self, d: int, p: int, c: int, n: int) -> np.ndarray:
-        out = np.zeros(n, np.uint8)
+        """One fused pass (rs_check_refresh): 0 clean, REFRESHED where the data's checksum
+        matched and the parity was rewritten from it, NEEDS_REPAIR where it did not."""
         if not n:
-            return out
+            return np.zeros(0, np.uint8)
         with cudadrv.context(self.index):
-            parity_bad, sum_bad = self._flags(d, p, c, n)
-            for b in np.nonzero(parity_bad & ~sum_bad)[0]:
-                b = int(b)
-                self._encode(d + b * BLOCK, p + b * PARITY_BLOCK, c + b * CHECKSUM_BYTES, 1)
-                out[b] = REFRESHED
+            flags = self._scratch_for(n * 4)
+            self._launch("rs_check_refresh", n, (d, p, c, flags, n),
+                         (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                          ctypes.c_uint))
             self._sync()
-        out[sum_bad] = NEEDS_REPAIR
-        return out
+            bits = self._to_host(flags, n * 4).view(np.uint32)
+        return np.select([bits == 1, bits == 2], [REFRESHED, NEEDS_REPAIR], CLEAN).astype(
+            np.uint8)

@@ -87,6 +87,34 @@ extern "C" __global__ void rs_check(const unsigned int* data, const unsigned int
         flags[b] = (bad ? 1u : 0u) | ((s1 != sums[2 * b] || s2 != sums[2 * b + 1]) ? 2u : 0u);
 }
 
+// The fused verify+refresh pass: like rs_check, and where the block's checksum matches (its
+// data is intact) but its parity does not, the parity just computed is written back at
+// once. flags[b]: 0 clean, 1 parity refreshed, 2 checksum mismatch (data needs repair).
+extern "C" __global__ void rs_check_refresh(const unsigned int* data, unsigned int* parity,
+                                            const unsigned int* sums, unsigned int* flags,
+                                            unsigned int nblocks) {
+    __shared__ int intact;
+    unsigned long long b = blockIdx.x;
+    if (b >= nblocks) return;
+    const unsigned int* m = data + b * (BLOCK / 4) + threadIdx.x;
+    PARITY4(m);
+    unsigned int* p = parity + b * (PARITY_BLOCK / 4) + threadIdx.x;
+    unsigned int diff = (p[0 * ROW_WORDS] ^ r0) | (p[1 * ROW_WORDS] ^ r1) |
+                        (p[2 * ROW_WORDS] ^ r2) | (p[3 * ROW_WORDS] ^ r3) |
+                        (p[4 * ROW_WORDS] ^ r4) | (p[5 * ROW_WORDS] ^ r5) |
+                        (p[6 * ROW_WORDS] ^ r6) | (p[7 * ROW_WORDS] ^ r7);
+    int stale = __syncthreads_or(diff != 0);
+    block_sum2(s1, s2);
+    if (threadIdx.x == 0) intact = s1 == sums[2 * b] && s2 == sums[2 * b + 1];
+    __syncthreads();
+    if (intact && stale) {
+        p[0 * ROW_WORDS] = r0; p[1 * ROW_WORDS] = r1; p[2 * ROW_WORDS] = r2;
+        p[3 * ROW_WORDS] = r3; p[4 * ROW_WORDS] = r4; p[5 * ROW_WORDS] = r5;
+        p[6 * ROW_WORDS] = r6; p[7 * ROW_WORDS] = r7;
+    }
+    if (threadIdx.x == 0) flags[b] = intact ? (stale ? 1u : 0u) : 2u;
+}
+
 // ---- the decoder: one thread per codeword of one block (1024 threads), in place --------
 // Syndromes, Berlekamp-Massey, Chien search over the shortened positions 0..135, Forney
 // (fcr = 1). result[c]: the number of symbols corrected (0: clean), or -1 when the codeword

@@ -128,6 +128,26 @@ def test_damaged_checksum_alone_is_rewritten(gpu):
     assert np.array_equal(c.get(), good) and np.array_equal(d.get(), data)
 
 
+def test_verify_refresh_rewrites_stale_parity_of_intact_data(gpu):
+    from daemon.ecc import cpu
+    cp, codec, _ = gpu
+    data = np.random.default_rng(11).integers(0, 256, 3 * BLOCK, dtype=np.uint8)
+    n, d, p, c = device_views(cp, data.tobytes())
+    codec.encode(*ptrs(d, p, c), n)
+    good = p.get()
+    pp = good.copy()
+    pp[8192: 2 * 8192] = 0                                # block 1: a whole parity block lost
+    p.set(pp)
+    dd = data.copy()
+    dd[2 * BLOCK + 5] ^= 1                                # block 2: data damage
+    d.set(dd)
+    status = codec.verify_refresh(*ptrs(d, p, c), n)
+    assert [int(x) for x in status] == [0, cpu.REFRESHED, cpu.NEEDS_REPAIR]
+    after = p.get()
+    assert np.array_equal(after[:2 * 8192], good[:2 * 8192])     # block 1 refreshed
+    assert np.array_equal(after[2 * 8192:], good[2 * 8192:])     # block 2 untouched
+
+
 def test_kernels_come_from_the_cache_the_second_time(gpu):
     from daemon.ecc.cuda_codec import GpuCodec
     _, first, cache = gpu

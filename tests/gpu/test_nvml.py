@@ -11,6 +11,7 @@ import time
 import pytest
 
 from daemon import nvml
+from tests.unit.test_manager import with_parity
 
 pytestmark = pytest.mark.gpu
 
@@ -70,12 +71,12 @@ def test_every_telemetry_field_is_present_and_typed(gpu_daemon):
     assert "GPU-" in table and "gen" in table
 
 
-def test_ours_grows_by_the_capacity_of_an_allocation(gpu_daemon):
+def test_ours_grows_by_the_capacity_and_parity_of_an_allocation(gpu_daemon):
     before = gpu_daemon.cli_json("devices")[0]
     info = gpu_daemon.cli_json("create", "telemetry/probe", "--size", "1G", "--device", "0")
     time.sleep(nvml.CACHE_S + 0.1)                   # past the telemetry cache
     after = gpu_daemon.cli_json("devices")[0]
-    assert after["ours"] - before["ours"] == info["capacity"]
+    assert after["ours"] - before["ours"] == with_parity(info["capacity"])   # ECC parity too
     assert after["memory_used"] - before["memory_used"] >= info["capacity"] * 0.9
     status = gpu_daemon.cli_json("status")
     assert status["devices"][0]["ours"] == after["ours"]
