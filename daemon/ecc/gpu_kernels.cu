@@ -13,8 +13,13 @@
 #define ROW_WORDS 256u                  // 1024 codewords = 256 words per message row
 #define PARITY_BLOCK 8192u
 
+// Each byte lane times x: shift left, and XOR 0x1d into the lanes whose top bit fell off.
+// PRMT with a selector nibble that has its msb set replicates the selected byte's sign bit
+// over the whole byte, which turns "top bit set" into a 0xff lane mask in one instruction.
 __device__ __forceinline__ unsigned int xt(unsigned int v) {
-    return ((v & 0x7f7f7f7fu) << 1) ^ (((v >> 7) & 0x01010101u) * 0x1du);
+    unsigned int top;
+    asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(top) : "r"(v));
+    return ((v << 1) & 0xfefefefeu) ^ (top & 0x1d1d1d1du);
 }
 
 #define RS_STEP(w) {                                                                     \
