@@ -26,7 +26,7 @@ log = logging.getLogger("gpumemd")
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_kernels.cu")
 GENERATOR = (1, 227, 44, 178, 71, 172, 8, 224, 37)     # g(x), x^8 first (checked below)
-THREADS = 256          # per data block: 4 codewords a thread (gpu_kernels.cu)
+THREADS = 128          # per data block: 8 codewords a thread (gpu_kernels.cu)
 DAMAGED, REFRESHED, NEEDS_REPAIR = 1, 1, 3
 
 
@@ -71,12 +71,14 @@ def gf_tables() -> tuple[list[int], list[int]]:
 
 
 def source_text() -> str:
-    """gpu_kernels.cu with the shift-register step filled in from g(x), and the decoder's
-    GF(2^8) tables."""
+    """gpu_kernels.cu with the shift-register step filled in from g(x) (for both chains,
+    r/x and q/y), and the decoder's GF(2^8) tables."""
     assert _generator() == GENERATOR
     exp, log = gf_tables()
+    step = rs_step_source()
+    other = step.replace("r", "q").replace("x", "y")
     with open(SOURCE) as f:
-        return (f.read().replace("RS_STEP_BODY", rs_step_source())
+        return (f.read().replace("RS_STEP_BODY_Q", other).replace("RS_STEP_BODY", step)
                 .replace("GF_EXP_TABLE", ",".join(map(str, exp)))
                 .replace("GF_LOG_TABLE", ",".join(map(str, log))))
 
