@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import re
 
 import numpy as np
 
@@ -26,7 +27,8 @@ log = logging.getLogger("gpumemd")
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_kernels.cu")
 GENERATOR = (1, 227, 44, 178, 71, 172, 8, 224, 37)     # g(x), x^8 first (checked below)
-THREADS = 128          # per data block: 8 codewords a thread (gpu_kernels.cu)
+GROUPS = int(os.environ.get("GPUMEMD_ECC_GROUPS", "2"))   # 4-codeword groups a thread
+THREADS = 256 // GROUPS                                  # per data block (gpu_kernels.cu)
 DAMAGED, REFRESHED, NEEDS_REPAIR = 1, 1, 3
 
 
@@ -70,15 +72,44 @@ def gf_tables() -> tuple[list[int], list[int]]:
     return exp, log
 
 
-def source_text() -> str:
-    """gpu_kernels.cu with the shift-register step filled in from g(x) (for both chains,
-    r/x and q/y), and the decoder's GF(2^8) tables."""
+def hot_loop_macros(groups: int) -> str:
+    """The kernels' inner loop for `groups` chains per thread, written out (see the comment
+    above @HOT_LOOP@ in gpu_kernels.cu)."""
+    stride = 256 // groups
+    ks, regs = range(groups), range(8)
+    step = rs_step_source()
+    lines = [f"#define GROUPS {groups}u", f"#define THREADS {stride}u", f"#define STRIDE {stride}u",
+             "#define PARITYG(m) \\"]
+    lines += ["    unsigned int " + ", ".join(f"r{k}_{i} = 0" for k in ks for i in regs) + "; \\",
+              "    unsigned int s1 = 0, s2 = 0; \\",
+              '    _Pragma("unroll 4") \\',
+              "    for (unsigned int j = 0; j < 128; j++) { \\"]
+    for k in ks:
+        lines += [f"        unsigned int w{k} = __ldg((m) + j * ROW_WORDS + {k} * STRIDE); \\",
+                  f"        s1 += w{k}; \\",
+                  f"        s2 += (2u * (j * ROW_WORDS + threadIdx.x + {k} * STRIDE) + 1u) * w{k}; \\",
+                  f"        unsigned int x{k}_0 = w{k} ^ r{k}_0; \\"]
+    for e in range(1, 8):
+        lines.append("        unsigned int " + ", ".join(f"x{k}_{e} = xt(x{k}_{e - 1})" for k in ks)
+                     + "; \\")
+    for k in ks:
+        body = re.sub(r"\b([rx])(\d)\b", lambda m, k=k: f"{m[1]}{k}_{m[2]}", step)
+        lines.append(f"        {body} \\")
+    lines.append("    }")
+    lines.append("#define STOREG(p) { " + " ".join(
+        f"(p)[{i} * ROW_WORDS + {k} * STRIDE] = r{k}_{i};" for k in ks for i in regs) + " }")
+    lines.append("#define DIFFG(p) (" + " | ".join(
+        f"((p)[{i} * ROW_WORDS + {k} * STRIDE] ^ r{k}_{i})" for k in ks for i in regs) + ")")
+    return "\n".join(lines)
+
+
+def source_text(groups: int = GROUPS) -> str:
+    """gpu_kernels.cu with its inner loop written out from g(x), and the decoder's GF(2^8)
+    tables."""
     assert _generator() == GENERATOR
     exp, log = gf_tables()
-    step = rs_step_source()
-    other = step.replace("r", "q").replace("x", "y")
     with open(SOURCE) as f:
-        return (f.read().replace("RS_STEP_BODY_Q", other).replace("RS_STEP_BODY", step)
+        return (f.read().replace("@HOT_LOOP@", hot_loop_macros(groups))
                 .replace("GF_EXP_TABLE", ",".join(map(str, exp)))
                 .replace("GF_LOG_TABLE", ",".join(map(str, log))))
 

@@ -22,37 +22,17 @@ __device__ __forceinline__ unsigned int xt(unsigned int v) {
     return ((v << 1) & 0xfefefefeu) ^ (top & 0x1d1d1d1du);
 }
 
-// The parity of two groups of four codewords (words t and t + 128 of each row: two
-// independent shift-register chains, so each hides the other's latency), and this
-// thread's share of the block checksum (word i of the block: s1 += w, s2 += (2i+1) w).
-#define RS_STEP2(w, u) {                                                                 \
-    unsigned int x0 = (w) ^ r0, y0 = (u) ^ q0;                                          \
-    unsigned int x1 = xt(x0), y1 = xt(y0), x2 = xt(x1), y2 = xt(y1);                    \
-    unsigned int x3 = xt(x2), y3 = xt(y2), x4 = xt(x3), y4 = xt(y3);                    \
-    unsigned int x5 = xt(x4), y5 = xt(y4), x6 = xt(x5), y6 = xt(y5);                    \
-    unsigned int x7 = xt(x6), y7 = xt(y6);                                              \
-    RS_STEP_BODY                                                                        \
-    RS_STEP_BODY_Q                                                                      \
-}
+// The macros written out below (cuda_codec.py: hot_loop_macros) define, for GROUPS groups of four
+// codewords per thread (words t + k * STRIDE of each row, k < GROUPS: independent
+// shift-register chains, so each hides the others' latency):
+//   PARITYG(m)  the parity of every group (registers r<k>_<i>), and this thread's share of
+//               the block checksum (word i of the block: s1 += w, s2 += (2i+1) w);
+//   STOREG(p)   write the parity; DIFFG(p) OR of its differences from the stored parity;
+//   THREADS     threads per CUDA block (256 / GROUPS), STRIDE the same.
+@HOT_LOOP@
+#define WARPS (THREADS / 32)
 
-#define PARITY8(m)                                                                      \
-    unsigned int r0 = 0, r1 = 0, r2 = 0, r3 = 0, r4 = 0, r5 = 0, r6 = 0, r7 = 0;        \
-    unsigned int q0 = 0, q1 = 0, q2 = 0, q3 = 0, q4 = 0, q5 = 0, q6 = 0, q7 = 0;        \
-    unsigned int s1 = 0, s2 = 0;                                                        \
-    _Pragma("unroll 4")                                                                 \
-    for (unsigned int j = 0; j < 128; j++) {                                            \
-        unsigned int w = __ldg((m) + j * ROW_WORDS);                                    \
-        unsigned int u = __ldg((m) + j * ROW_WORDS + HALF);                             \
-        unsigned int i = j * ROW_WORDS + threadIdx.x;                                   \
-        s1 += w + u;                                                                    \
-        s2 += (2u * i + 1u) * w + (2u * (i + HALF) + 1u) * u;                           \
-        RS_STEP2(w, u)                                                                  \
-    }
-
-#define HALF 128u                       // threads per CUDA block: two words each per row
-#define WARPS 4
-
-// Sum s1 and s2 over the CUDA block (HALF threads); the totals land in thread 0.
+// Sum s1 and s2 over the CUDA block (THREADS threads); the totals land in thread 0.
 __device__ __forceinline__ void block_sum2(unsigned int& s1, unsigned int& s2) {
     __shared__ unsigned int a[WARPS], m[WARPS];
     for (int k = 16; k > 0; k >>= 1) {
@@ -67,32 +47,14 @@ __device__ __forceinline__ void block_sum2(unsigned int& s1, unsigned int& s2) {
 }
 
 // Parity and checksums of nblocks blocks, in one pass over the data.
-#define STORE8(p) {                                                                      \
-    (p)[0 * ROW_WORDS] = r0; (p)[1 * ROW_WORDS] = r1; (p)[2 * ROW_WORDS] = r2;          \
-    (p)[3 * ROW_WORDS] = r3; (p)[4 * ROW_WORDS] = r4; (p)[5 * ROW_WORDS] = r5;          \
-    (p)[6 * ROW_WORDS] = r6; (p)[7 * ROW_WORDS] = r7;                                   \
-    (p)[0 * ROW_WORDS + HALF] = q0; (p)[1 * ROW_WORDS + HALF] = q1;                     \
-    (p)[2 * ROW_WORDS + HALF] = q2; (p)[3 * ROW_WORDS + HALF] = q3;                     \
-    (p)[4 * ROW_WORDS + HALF] = q4; (p)[5 * ROW_WORDS + HALF] = q5;                     \
-    (p)[6 * ROW_WORDS + HALF] = q6; (p)[7 * ROW_WORDS + HALF] = q7; }
-
-#define DIFF8(p) (                                                                      \
-    ((p)[0 * ROW_WORDS] ^ r0) | ((p)[1 * ROW_WORDS] ^ r1) | ((p)[2 * ROW_WORDS] ^ r2) | \
-    ((p)[3 * ROW_WORDS] ^ r3) | ((p)[4 * ROW_WORDS] ^ r4) | ((p)[5 * ROW_WORDS] ^ r5) | \
-    ((p)[6 * ROW_WORDS] ^ r6) | ((p)[7 * ROW_WORDS] ^ r7) |                             \
-    ((p)[0 * ROW_WORDS + HALF] ^ q0) | ((p)[1 * ROW_WORDS + HALF] ^ q1) |               \
-    ((p)[2 * ROW_WORDS + HALF] ^ q2) | ((p)[3 * ROW_WORDS + HALF] ^ q3) |               \
-    ((p)[4 * ROW_WORDS + HALF] ^ q4) | ((p)[5 * ROW_WORDS + HALF] ^ q5) |               \
-    ((p)[6 * ROW_WORDS + HALF] ^ q6) | ((p)[7 * ROW_WORDS + HALF] ^ q7))
-
 extern "C" __global__ void rs_encode(const unsigned int* data, unsigned int* parity,
                                      unsigned int* sums, unsigned int nblocks) {
     unsigned long long b = blockIdx.x;
     if (b >= nblocks) return;
     const unsigned int* m = data + b * (BLOCK / 4) + threadIdx.x;
-    PARITY8(m);
+    PARITYG(m);
     unsigned int* p = parity + b * (PARITY_BLOCK / 4) + threadIdx.x;
-    STORE8(p);
+    STOREG(p);
     block_sum2(s1, s2);
     if (threadIdx.x == 0) { sums[2 * b] = s1; sums[2 * b + 1] = s2; }
 }
@@ -106,9 +68,9 @@ extern "C" __global__ void rs_check(const unsigned int* data, const unsigned int
     unsigned long long b = blockIdx.x;
     if (b >= nblocks) return;
     const unsigned int* m = data + b * (BLOCK / 4) + threadIdx.x;
-    PARITY8(m);
+    PARITYG(m);
     const unsigned int* p = parity + b * (PARITY_BLOCK / 4) + threadIdx.x;
-    unsigned int diff = DIFF8(p);
+    unsigned int diff = DIFFG(p);
     int bad = __syncthreads_or(diff != 0);
     block_sum2(s1, s2);
     if (threadIdx.x == 0)
@@ -125,15 +87,15 @@ extern "C" __global__ void rs_check_refresh(const unsigned int* data, unsigned i
     unsigned long long b = blockIdx.x;
     if (b >= nblocks) return;
     const unsigned int* m = data + b * (BLOCK / 4) + threadIdx.x;
-    PARITY8(m);
+    PARITYG(m);
     unsigned int* p = parity + b * (PARITY_BLOCK / 4) + threadIdx.x;
-    unsigned int diff = DIFF8(p);
+    unsigned int diff = DIFFG(p);
     int stale = __syncthreads_or(diff != 0);
     block_sum2(s1, s2);
     if (threadIdx.x == 0) intact = s1 == sums[2 * b] && s2 == sums[2 * b + 1];
     __syncthreads();
     if (intact && stale) {
-        STORE8(p);
+        STOREG(p);
     }
     if (threadIdx.x == 0) flags[b] = intact ? (stale ? 1u : 0u) : 2u;
 }
