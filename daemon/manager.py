@@ -1516,8 +1516,9 @@ class AllocationManager:
             raise InvalidState(f"'{alloc.path}' has no parity (ecc {alloc.ecc})")
         limit = target.capacity
         if offset < 0 or length < 1 or offset + length > limit or not pattern:
-            raise UsageError(f"invalid range {offset}+{length}: the {'parity region' if parity else 'data'} "
-                             f"of '{alloc.path}' has {limit} bytes; the pattern must not be empty")
+            region = "parity region" if parity else "data"
+            raise UsageError(f"invalid range {offset}+{length}: the {region} of "
+                             f"'{alloc.path}' has {limit} bytes; the pattern must not be empty")
         data = (pattern * (length // len(pattern) + 1))[:length]
         self.backend.write(target, offset, data)
         with self._change(durable=False):

@@ -87,7 +87,8 @@ def hot_loop_macros(groups: int) -> str:
     for k in ks:
         lines += [f"        unsigned int w{k} = __ldg((m) + j * ROW_WORDS + {k} * STRIDE); \\",
                   f"        s1 += w{k}; \\",
-                  f"        s2 += (2u * (j * ROW_WORDS + threadIdx.x + {k} * STRIDE) + 1u) * w{k}; \\",
+                  f"        s2 += (2u * (j * ROW_WORDS + threadIdx.x + {k} * STRIDE) + 1u)"
+                  f" * w{k}; \\",
                   f"        unsigned int x{k}_0 = w{k} ^ r{k}_0; \\"]
     for e in range(1, 8):
         lines.append("        unsigned int " + ", ".join(f"x{k}_{e} = xt(x{k}_{e - 1})" for k in ks)
