@@ -718,3 +718,149 @@ class Stager:
         for buf in self.buffers:
             buf.free()
         self.buffers = []
+
+
+# =========================================================================================
+# device scratch memory, modules and kernel launches (the ECC codec, daemon/ecc/gpu.py)
+# =========================================================================================
+def compute_capability(index: int) -> tuple[int, int]:
+    """(major, minor), e.g. (9, 0) on an H100."""
+    a = "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_"
+    return attribute(index, a + "MAJOR"), attribute(index, a + "MINOR")
+
+
+def mem_alloc(size: int) -> int:
+    """cuMemAlloc in the current context (small scratch buffers, not VMM allocations)."""
+    return int(_cu("cuMemAlloc", size))
+
+
+def mem_free(ptr: int) -> None:
+    _cu("cuMemFree", ptr)
+
+
+def memset_d8_async(dst: int, value: int, n: int, stream) -> None:
+    _cu("cuMemsetD8Async", dst, value, n, stream)
+
+
+def module_load_data(image: bytes):
+    """Load a cubin (or NUL-terminated PTX, JIT-compiled by the driver) into the current
+    context; returns the CUmodule."""
+    buf = ctypes.create_string_buffer(bytes(image), len(image) + 1)   # + NUL for PTX
+    return _cu("cuModuleLoadData", ctypes.addressof(buf))
+
+
+def module_unload(module) -> None:
+    _cu("cuModuleUnload", module)
+
+
+def module_function(module, name: str):
+    """The CUfunction of an `extern "C"` kernel in a loaded module."""
+    return _cu("cuModuleGetFunction", module, name.encode())
+
+
+def function_max_dynamic_shared(func, nbytes: int) -> None:
+    """Allow a kernel more than 48 KiB of dynamic shared memory per block."""
+    attr = _driver().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    _cu("cuFuncSetAttribute", func, attr, int(nbytes))
+
+
+def launch_kernel(func, grid: int | tuple, block: int | tuple, args, stream,
+                  shared: int = 0) -> None:
+    """cuLaunchKernel: `args` are ctypes scalars (c_uint64 for pointers and sizes, c_uint32,
+    ...) in the kernel's parameter order. The driver copies them at the call, so they need
+    not outlive it."""
+    gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
+    bx, by, bz = (block, 1, 1) if isinstance(block, int) else tuple(block)
+    args = list(args)
+    params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
+    _cu("cuLaunchKernel", func, gx, gy, gz, bx, by, bz, shared, stream,
+        ctypes.addressof(params), 0)
+
+
+# =========================================================================================
+# NVRTC (runtime compilation of CUDA C++; cuda.bindings.nvrtc and libnvrtc, loaded lazily)
+# =========================================================================================
+class NvrtcError(CudaError):
+    """A failed NVRTC call; a failed compilation carries the compiler's `.log`."""
+
+    name = "NVRTC_ERROR"
+
+    def __init__(self, message: str, *, log: str = "", **kw):
+        super().__init__(message, **kw)
+        self.log = log
+
+
+_nvrtc_module = None
+
+
+def _nvrtc():
+    global _nvrtc_module
+    if _nvrtc_module is None:
+        try:
+            from cuda.bindings import nvrtc
+        except ImportError as exc:
+            raise CudaUnavailable(f"cuda.bindings.nvrtc is not installed ({exc}): pip install "
+                                  "cuda-python") from None
+        except Exception as exc:   # noqa: BLE001 - a broken install: say so, as one error
+            raise CudaUnavailable(f"cuda.bindings.nvrtc cannot be loaded: "
+                                  f"{type(exc).__name__}: {exc}") from None
+        _nvrtc_module = nvrtc
+    return _nvrtc_module
+
+
+def _nv(name: str, *args):
+    """Call one NVRTC function and check its nvrtcResult; returns its outputs."""
+    fn = getattr(_nvrtc(), name)
+    try:
+        ret = fn(*args)
+    except RuntimeError as exc:   # cuda.pathfinder: libnvrtc.so not found
+        raise CudaUnavailable(f"{name}: NVRTC cannot be used: {exc}", call=name) from None
+    err, out = (ret[0], ret[1:]) if isinstance(ret, tuple) else (ret, ())
+    code = int(err)
+    if code:
+        label = getattr(err, "name", f"NVRTC_ERROR_{code}")
+        raise NvrtcError(f"{name} failed with {label} ({code})", result=code, name=label,
+                         call=name)
+    if not out:
+        return None
+    return out[0] if len(out) == 1 else out
+
+
+def nvrtc_version() -> tuple[int, int]:
+    major, minor = _nv("nvrtcVersion")
+    return int(major), int(minor)
+
+
+def nvrtc_supported_archs() -> list[int]:
+    """The sm_XY numbers (e.g. 90) this NVRTC can compile for."""
+    return [int(a) for a in _nv("nvrtcGetSupportedArchs")]
+
+
+def nvrtc_compile(source: bytes, name: str, options, *, cubin: bool = True) -> tuple[bytes, str]:
+    """Compile CUDA C++ `source` with `options` (strings, e.g. '--gpu-architecture=sm_90');
+    returns (the cubin, or the PTX without its NUL, and the compiler's log). A compile error
+    raises NvrtcError with the log."""
+    opts = [o.encode() if isinstance(o, str) else bytes(o) for o in options]
+    prog = _nv("nvrtcCreateProgram", bytes(source), name.encode(), 0, [], [])
+    try:
+        try:
+            _nv("nvrtcCompileProgram", prog, len(opts), opts)
+            failed = None
+        except NvrtcError as exc:
+            failed = exc
+        size = int(_nv("nvrtcGetProgramLogSize", prog))
+        raw = b" " * size
+        if size:
+            _nv("nvrtcGetProgramLog", prog, raw)
+        log = raw.rstrip(b"\0").decode(errors="replace").strip()
+        if failed is not None:
+            raise NvrtcError(f"compiling {name} failed ({failed.name}):\n{log}",
+                             result=failed.result, name=failed.name, call="nvrtcCompileProgram",
+                             log=log)
+        kind = "CUBIN" if cubin else "PTX"
+        size = int(_nv(f"nvrtcGet{kind}Size", prog))
+        image = b" " * size
+        _nv(f"nvrtcGet{kind}", prog, image)
+        return (image if cubin else image.rstrip(b"\0")), log
+    finally:
+        _nv("nvrtcDestroyProgram", prog)

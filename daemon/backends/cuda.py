@@ -268,7 +268,7 @@ class CudaBackend(Backend):
     def _codec(self, index: int):
         if index not in self._codecs:
             try:
-                from ..ecc.cuda_codec import GpuCodec
+                from ..ecc.gpu import GpuCodec
                 self._codecs[index] = GpuCodec(index, self.ecc_cache_dir)
             except Exception as exc:  # noqa: BLE001 - any failure: fall back, say why once
                 log.warning("GPU ECC codec unavailable on device %d (%s); using the CPU "

@@ -2,5 +2,5 @@
 
 layout.py   the layout and the checksum definition, shared by both codecs
 cpu.py      the numpy codec (host backend; the reference in tests)
-cuda_codec.py the CUDA codec (cuda backend): kernels in gpu_kernels.cu, compiled by NVRTC
+gpu.py      the CUDA codec (cuda backend): kernels in kernels.cu, compiled by NVRTC
 """
