@@ -42,6 +42,7 @@ def describe(node: Node, *, holders: bool = False) -> dict:
         "ecc": node.ecc, "parity_generation": node.parity_gen, "checksum": node.checksum,
         "refcount": node.refcount, "leased": node.leased, "unsealed": node.unsealed,
         "damaged": damaged_ranges(node),
+        "verified": iso(node.verified_ns) if node.verified_ns else None,
     }
     if holders:
         info["holders"] = [h.to_dict() for h in node.holders.values()]

@@ -202,7 +202,7 @@ class AllocationManager:
                           unsealed=row["unsealed"] == UNSEALED,
                           writing=row["unsealed"] == WRITING,
                           state=row["state"], ecc=row["ecc"], parity_gen=row["parity_gen"],
-                          checksum=row["checksum"])
+                          checksum=row["checksum"], verified_ns=row["verified_ns"])
 
     def _adopt(self, alloc: Allocation, fds: list[int] | None,
                staged: list[int] | None = None) -> bool:
@@ -1435,6 +1435,7 @@ class AllocationManager:
                 break
             stop = protected_blocks(alloc)
             if block >= stop:
+                self._note_verified(alloc)
                 break
             count = min(self.parity.chunk_blocks, stop - block)
             if alloc.unsealed:
@@ -1452,6 +1453,15 @@ class AllocationManager:
         total.pop("checked", None)
         total["damaged_ranges"] = self.damaged_ranges(alloc)
         return total
+
+    def _note_verified(self, alloc: Allocation) -> None:
+        """A pass reached the allocation's last protected block: record when (the TUI's
+        and `info`'s "verified"). Blocks skipped as unsynced still count: their parity is
+        rebuilt at the next sync, not judged."""
+        now = time.time_ns()
+        with self._change(durable=alloc.durable, batch=not alloc.durable):
+            self.registry.update_node(alloc.id, verified_ns=now)
+        alloc.verified_ns = now
 
     def _verify_piece(self, alloc: Allocation, first: int, count: int, repair: bool,
                       total: dict) -> None:

@@ -97,6 +97,7 @@ class Allocation(Node):
                                      # leaves parity stale (registry unsealed = 2)
     dirty_from: int = 1 << 63        # the range written since the last sync (manager.sync):
     dirty_to: int = 0                # its parity is stale until then; empty when from > to
+    verified_ns: int | None = None   # end of the last full verify/scrub pass; None: never
 
     @property
     def st_mode(self) -> int:

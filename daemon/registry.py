@@ -19,7 +19,7 @@ import os
 import sqlite3
 import time
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 
@@ -114,12 +114,23 @@ def add_damage_table(db: sqlite3.Connection) -> None:
     """)
 
 
+def add_verified_column(db: sqlite3.Connection) -> None:
+    """Schema version 3: when each allocation was last verified in full (issue 6: the
+    monitor's "last verified" column)."""
+    execute_script(db, """
+    -- Wall clock (ns since the epoch) at which a verify, scrub or recover last finished a
+    -- pass over all of the allocation's protected blocks; NULL = never verified (and for
+    -- directories and allocations without ECC).
+    ALTER TABLE nodes ADD COLUMN verified_ns INTEGER;
+    """)
+
+
 # Migrations from version N to N+1: MIGRATIONS[N](db). Version 0 is an empty database.
-MIGRATIONS = {0: create_tables, 1: add_damage_table}
+MIGRATIONS = {0: create_tables, 1: add_damage_table, 2: add_verified_column}
 
 NODE_COLUMNS = ("id", "parent", "name", "kind", "uid", "gid", "mode", "created_ns",
                 "modified_ns", "changed_ns", "size", "capacity", "device", "durable",
-                "state", "ecc", "parity_gen", "checksum", "unsealed")
+                "state", "ecc", "parity_gen", "checksum", "unsealed", "verified_ns")
 MAX_EVENTS = 100_000  # the event log is pruned to this many rows
 
 
