@@ -565,20 +565,31 @@ def _scrub_call(action: str, **kw) -> dict:
         raise typer.Exit(exc.code) from None
 
 
+WaitOpt = Annotated[bool, typer.Option("--wait", help="Block until the scrub ends; exit 0 "
+                                        "clean, 1 repaired, 8 damage left.")]
+RateOpt = Annotated[Optional[str], typer.Option(
+    "--rate", help="At most this many bytes/s (e.g. 2G); default: 10% of the time, leaving "
+                   "90% of the bandwidth to users.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="With --wait: print nothing "
+                                        "when all is clean.")]
+
+
 @scrub_app.callback()
-def scrub(ctx: typer.Context,
-          wait: Annotated[bool, typer.Option("--wait", help="Block until the scrub ends; "
-                                             "exit 0 clean, 1 repaired, 8 damage left.")]
-          = False,
-          rate: Annotated[Optional[str], typer.Option(
-              "--rate", help="At most this many bytes/s (e.g. 2G); default: 10% of the "
-                             "time, leaving 90% of the bandwidth to users.")] = None,
-          quiet: Annotated[bool, typer.Option("--quiet", "-q", help="With --wait: print "
-                                              "nothing when all is clean.")] = False,
-          json_: JsonOpt = False):
-    """Start a scrub (`gpumemctl scrub`), or: scrub status, scrub stop."""
-    if ctx.invoked_subcommand is not None:
-        return
+def scrub(ctx: typer.Context, wait: WaitOpt = False, rate: RateOpt = None,
+          quiet: QuietOpt = False, json_: JsonOpt = False):
+    """Start a scrub (`gpumemctl scrub` or `scrub start`), or: scrub status, scrub stop."""
+    if ctx.invoked_subcommand is None:
+        _scrub_start(wait, rate, quiet, json_)
+
+
+@scrub_app.command("start")
+def scrub_start(wait: WaitOpt = False, rate: RateOpt = None, quiet: QuietOpt = False,
+                json_: JsonOpt = False):
+    """Start a background scrub of every protected block (the same as `gpumemctl scrub`)."""
+    _scrub_start(wait, rate, quiet, json_)
+
+
+def _scrub_start(wait: bool, rate: str | None, quiet: bool, json_: bool) -> None:
     try:
         limit = parse_size(rate) if rate else None
     except GpumemError as exc:
