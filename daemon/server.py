@@ -254,7 +254,9 @@ class Server:
         st = self.scrubber.status()
         if st.get("running"):
             return {"state": "running", "progress": st["progress"], "totals": st["totals"],
-                    "eta_seconds": st["eta_seconds"]}
+                    "eta_seconds": st["eta_seconds"], "to_scrub": st["to_scrub"],
+                    "rate_now": st["rate_now"], "rate_limit": st.get("rate"),
+                    "started_ns": st["started_ns"]}
         last = st.get("last")
         return {"state": "idle", "last": None if not last else
                 {k: last[k] for k in ("finished_ns", "stopped", "seconds", "totals")}}

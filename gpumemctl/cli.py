@@ -670,6 +670,23 @@ def debug_corrupt(name: NameArg,
                     f"{result['offset']}" + (" (parity region)" if parity else ""))
 
 
+@command("top")
+def top(refresh: Annotated[float, typer.Option(
+            "--refresh", help="Seconds between snapshots (0.2-60); changes show at once.")]
+        = 1.0,
+        json_: JsonOpt = False):
+    """The live monitor (TUI): devices, allocations, scrub, events; actions by key."""
+    if want_json(json_):
+        raise UsageError("top is interactive; for scripts use `gpumemctl status --json` and "
+                         "`gpumemctl ls -R --json`")
+    if not 0.2 <= refresh <= 60:
+        raise UsageError(f"invalid --refresh {refresh}: seconds from 0.2 to 60")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("top needs a terminal on stdin and stdout")
+    from tui import make_app            # Textual loads here only, never for other commands
+    make_app(Settings.socket, refresh_seconds=refresh).run()
+
+
 @command("doctor")
 def doctor(state_dir: Annotated[Optional[str], typer.Option(
                "--state-dir", help="State directory to check (default: the running daemon's, "

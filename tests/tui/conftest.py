@@ -1,0 +1,101 @@
+"""Driving `gpumemctl top` in tests: Pilot against a real daemon (host backend), and a
+frozen source for snapshot tests, whose screens must not change with the clock."""
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+
+import pytest
+
+from tui import make_app
+from tui.model import Snapshot
+from tui.source import DaemonSource
+
+SIZE = (120, 36)
+FROZEN_NOW = 1_795_000_000.0          # the frozen clock: 2026-11-18T11:06:40Z
+
+
+def run_app(app, scenario, size=SIZE, timeout: float = 60.0):
+    """Run `await scenario(pilot)` inside the app, headless; returns its result."""
+    async def main():
+        async with app.run_test(size=size) as pilot:
+            return await asyncio.wait_for(scenario(pilot), timeout)
+    return asyncio.run(main())
+
+
+async def until(pilot, predicate, timeout: float = 10.0, what: str = "the screen"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await pilot.pause(0.05)
+        if predicate():
+            return
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def table_rows(app) -> list[str]:
+    """The NAME column of the allocation table, top to bottom."""
+    return [str(cells[0]) for cells in
+            (app.main.query_one("#alloc-table").get_row_at(i)
+             for i in range(app.main.query_one("#alloc-table").row_count))]
+
+
+def notifications(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+@pytest.fixture
+def live_app(daemon):
+    """An app on the test daemon, refreshing quickly."""
+    def make(**kw):
+        return make_app(daemon.socket, refresh_seconds=kw.pop("refresh_seconds", 0.3), **kw)
+    return make
+
+
+class FrozenSource(DaemonSource):
+    """Serves one snapshot, taken from a real daemon and then frozen (times, pids, uuids
+    fixed), so a snapshot test's picture depends only on the code that draws it."""
+
+    def __init__(self, snapshot: Snapshot, events: list[dict]):
+        super().__init__("/run/gpumemd/gpumemd.sock")
+        self.frozen, self.events = snapshot, events
+
+    def snapshot(self) -> Snapshot:
+        return self.frozen
+
+    def subscribe(self, since, backlog=100):
+        yield from ({"type": "event", "event": e} for e in self.events)
+
+    def info(self, path):
+        return self.frozen.by_path[path]
+
+
+def freeze(daemon, events: int = 8) -> FrozenSource:
+    """A real daemon's snapshot, with everything that varies between runs made fixed."""
+    with daemon.client() as c:
+        status, entries = c.status(), c.ls("", recursive=True)
+        log = c.events(since=0, limit=1000)[-events:]
+    status = copy.deepcopy(status)
+    status["daemon"].update(pid=4242, uptime_s=3725.0, socket="/run/gpumemd/gpumemd.sock",
+                            state_dir="/var/lib/gpumemd")
+    status["keeper"].update(pid=4243, socket="/var/lib/gpumemd/keeper.sock")
+    uuid = "HOST-00000000-0000-4000-8000-000000000000"
+    for d in status["devices"]:
+        d.update(uuid=uuid, total=8 << 30, free=(8 << 30) - d["ours"])
+    stamp = "2026-11-18T08:20:00.000000Z"
+    for e in entries:
+        e.update(created=stamp, modified=stamp, changed=stamp)
+        if e["type"] == "allocation":
+            e["device"] = uuid
+            if e.get("verified"):
+                e["verified"] = "2026-11-18T11:05:10.000000Z"      # 90 s before now
+    for i, e in enumerate(log):
+        e.update(time_ns=int((FROZEN_NOW - 60 + i) * 1e9), pid=None)
+        if "device" in e["detail"]:
+            e["detail"]["device"] = uuid
+    snap = Snapshot(status, entries, fetched_ms=3.0, taken_at=FROZEN_NOW)
+    return FrozenSource(snap, log)
+
+
+def frozen_app(source: FrozenSource):
+    return make_app(source=source, live=False, clock=lambda: FROZEN_NOW)

@@ -1,0 +1,67 @@
+"""The monitor's look, pinned with pytest-textual-snapshot: the main screen with
+allocations, the create form showing a validation error, the delete modal, and the
+not-running screen. The data comes from a real daemon, frozen (tests/tui/conftest.py).
+Update after an intended change: pytest tests/tui --snapshot-update, then look at the SVGs."""
+from __future__ import annotations
+
+import pytest
+
+from tui import make_app
+
+from .conftest import freeze, frozen_app
+
+pytestmark = pytest.mark.usefixtures("no_cursor_blink")
+
+
+@pytest.fixture
+def no_cursor_blink(monkeypatch):
+    from textual.widgets import Input
+    monkeypatch.setattr(Input, "cursor_blink", False)
+
+
+@pytest.fixture
+def populated(daemon):
+    for name, size, durable in (("models/llama", "64M", True), ("models/mistral", "16M", True),
+                                ("scratch/kv", "8M", False), ("scratch/tmp", "2M", False),
+                                ("weights", "4M", True)):
+        daemon.cli("create", name, "--size", size, *(["--durable"] if durable else []),
+                   check=True)
+    daemon.cli("create", "plain", "--size", "2M", "--ecc", "none", check=True)
+    daemon.cli("verify", "weights", check=True)
+    return freeze(daemon)
+
+
+def test_main_screen_with_allocations(populated, snap_compare):
+    async def enter_models(pilot):
+        await pilot.pause(0.5)
+    assert snap_compare(frozen_app(populated), terminal_size=(120, 36),
+                        run_before=enter_models)
+
+
+def test_main_screen_at_80x24(populated, snap_compare):
+    assert snap_compare(frozen_app(populated), terminal_size=(80, 24),
+                        run_before=lambda pilot: pilot.pause(0.5))
+
+
+def test_create_form_validation_error(populated, snap_compare):
+    async def bad_size(pilot):
+        await pilot.pause(0.3)
+        await pilot.press("c")
+        await pilot.pause(0.2)
+        await pilot.press(*"models/new", "tab", *"12Q", "enter")
+        await pilot.pause(0.2)
+    assert snap_compare(frozen_app(populated), terminal_size=(120, 36), run_before=bad_size)
+
+
+def test_delete_modal(populated, snap_compare):
+    async def ask(pilot):
+        await pilot.pause(0.3)
+        await pilot.press("down", "down", "down", "delete")     # weights, durable
+        await pilot.pause(0.2)
+    assert snap_compare(frozen_app(populated), terminal_size=(120, 36), run_before=ask)
+
+
+def test_not_running_screen(snap_compare, tmp_path):
+    app = make_app("/run/gpumemd-test/nonexistent.sock", live=False)
+    assert snap_compare(app, terminal_size=(100, 30),
+                        run_before=lambda pilot: pilot.pause(0.5))

@@ -1,0 +1,144 @@
+"""What the monitor shows, computed from the daemon's JSON: no Textual and no I/O here, so
+the table logic is fast, and testable without a terminal.
+
+A `Snapshot` is one consistent look at the daemon (`status` plus `ls -R` of the root),
+taken by a worker thread. The allocations table shows the entries of one directory (or,
+while a filter is typed, every entry below it whose path matches), sorted by one column.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+
+from gpumemctl.protocol import format_size
+
+
+@dataclasses.dataclass
+class Snapshot:
+    status: dict                      # `status`: daemon, keeper, devices, totals, scrub
+    entries: list[dict]               # `ls -R` of the root: nodes, parents before children
+    fetched_ms: float = 0.0           # how long the two calls took
+    taken_at: float = dataclasses.field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.by_path = {e["path"]: e for e in self.entries}
+        self.device_index = {d["uuid"]: d["index"] for d in self.status.get("devices", [])}
+
+    @property
+    def devices(self) -> list[dict]:
+        return self.status.get("devices", [])
+
+    @property
+    def scrub(self) -> dict:
+        return self.status.get("scrub", {})
+
+
+# (key, header): the allocation table's columns, in order. `sort_value` sorts by key.
+COLUMNS = [("name", "NAME"), ("size", "SIZE"), ("capacity", "CAPACITY"),
+           ("device", "DEV"), ("durable", "DURABLE"), ("state", "STATE"),
+           ("holders", "HOLDERS"), ("ecc", "ECC"), ("verified", "VERIFIED")]
+COLUMN_KEYS = [key for key, _ in COLUMNS]
+
+
+def parent_of(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def relative(path: str, cwd: str) -> str:
+    return path[len(cwd) + 1:] if cwd else path
+
+
+def holders(entry: dict) -> int:
+    """Holders without the durable pin (DESIGN.md: refcount = holders + durable pin)."""
+    return entry.get("refcount", 0) - (1 if entry.get("durable") else 0)
+
+
+def visible(entries: list[dict], cwd: str, text: str) -> list[dict]:
+    """The entries the table shows: the children of `cwd`, or with a filter, every entry
+    below `cwd` whose path (relative to cwd) contains the text, ignoring case."""
+    if not text:
+        return [e for e in entries if parent_of(e["path"]) == cwd]
+    prefix, needle = (cwd + "/" if cwd else ""), text.lower()
+    return [e for e in entries if e["path"].startswith(prefix)
+            and needle in relative(e["path"], cwd).lower()]
+
+
+def sort_value(entry: dict, key: str, device_index: dict):
+    """A sort key: directories first, then by the column; a missing value sorts last."""
+    if key == "name":
+        value = entry["path"].lower()
+    elif key == "holders":
+        value = holders(entry) if entry["type"] == "allocation" else None
+    elif key == "device":
+        value = device_index.get(entry.get("device"))
+    else:
+        value = entry.get(key)
+    if isinstance(value, bool):
+        value = int(value)
+    return (entry["type"] != "directory", value is None, value if value is not None else 0)
+
+
+def sorted_entries(entries: list[dict], key: str, reverse: bool, device_index: dict
+                   ) -> list[dict]:
+    rows = sorted(entries, key=lambda e: sort_value(e, key, device_index), reverse=reverse)
+    if reverse:   # directories stay on top either way
+        rows.sort(key=lambda e: e["type"] != "directory")
+    return rows
+
+
+def age(iso: str | None, now: float) -> str:
+    """'12s ago', '5m ago', '3h ago', '2d ago' for an ISO 8601 UTC time; 'never' for None."""
+    if not iso:
+        return "never"
+    then = datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+    seconds = max(0, int(now - then))
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds // span}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def device_label(uuid: str | None, device_index: dict) -> str:
+    if not uuid:
+        return "-"
+    index = device_index.get(uuid)
+    return str(index) if index is not None else uuid[:8]
+
+
+def row_cells(entry: dict, cwd: str, device_index: dict, now: float) -> tuple[str, ...]:
+    """The table's text for one entry (the order of COLUMNS)."""
+    name = relative(entry["path"], cwd)
+    if entry["type"] == "directory":
+        return (name + "/", "", "", "", "", "dir", "", "", f"{entry['entries']} entries")
+    size = "-" if entry["size"] is None else format_size(entry["size"])
+    capacity = "-" if entry["capacity"] is None else format_size(entry["capacity"])
+    verified = "-" if entry["ecc"] != "rs" else age(entry.get("verified"), now)
+    state = entry["state"] + ("*" if entry.get("unsealed") else "")
+    return (name, size, capacity, device_label(entry["device"], device_index),
+            "durable" if entry["durable"] else "transient", state, str(holders(entry)),
+            entry["ecc"], verified)
+
+
+def rate_text(bytes_per_s: float | None) -> str:
+    return "-" if not bytes_per_s else f"{format_size(int(bytes_per_s))}/s"
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def event_line(event: dict) -> str:
+    """One event as `gpumemctl events` prints it, without the date (the panel is narrow)."""
+    when = datetime.datetime.fromtimestamp(event["time_ns"] / 1e9, tz=datetime.timezone.utc)
+    detail = " ".join(f"{k}={v}" for k, v in sorted(event.get("detail", {}).items()))
+    who = f" uid={event['uid']}" if event.get("uid") is not None else ""
+    return f"{when:%H:%M:%S} {event['kind']:<9} {event.get('path') or '-'}{who} {detail}".rstrip()

@@ -1,0 +1,1 @@
+"""One screen per module: main, create form, confirmation, verify progress, not running."""

@@ -1,0 +1,33 @@
+"""A yes/no modal, used before anything that destroys data (delete)."""
+from __future__ import annotations
+
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    BINDINGS = [Binding("escape,n", "answer(False)", "Cancel"),
+                Binding("y", "answer(True)", "Yes")]
+
+    def __init__(self, title: str, question: str, yes: str = "Delete") -> None:
+        super().__init__()
+        self.title_text, self.question, self.yes = title, question, yes
+
+    def compose(self):
+        with Vertical(id="dialog", classes="confirm"):
+            yield Static(self.title_text, classes="dialog-title")
+            yield Static(self.question, id="question")
+            with Horizontal(classes="buttons"):
+                yield Button(self.yes, variant="error", id="yes")
+                yield Button("Cancel", variant="primary", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()          # the safe answer is the default
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

@@ -1,0 +1,42 @@
+"""The main screen: devices on top, the allocation table with the detail beside it, scrub
+progress and the event log below, the key bindings in the footer."""
+from __future__ import annotations
+
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from ..widgets.allocations import AllocationsPanel
+from ..widgets.detail import DetailPanel
+from ..widgets.devices import DevicesPanel
+from ..widgets.events import EventsPanel
+from ..widgets.scrub import ScrubPanel
+
+
+class MainScreen(Screen):
+    # Below 100 columns the detail panel gives its room to the table.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+
+    ready = False                   # children composed: the app may draw into them
+
+    def compose(self):
+        yield Static(id="banner")
+        yield DevicesPanel(id="devices")
+        with Horizontal(id="middle"):
+            yield AllocationsPanel(id="allocations")
+            yield DetailPanel(id="detail")
+        with Horizontal(id="bottom"):
+            yield ScrubPanel(id="scrub")
+            yield EventsPanel(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#devices").border_title = "devices"
+        self.query_one("#allocations").border_title = "allocations"
+        self.query_one("#detail").border_title = "detail"
+        self.query_one("#scrub").border_title = "scrub"
+        self.query_one("#events").border_title = "events"
+        self.query_one("#alloc-table").focus()
+        self.ready = True
+        if self.app.snapshot is not None:     # it arrived before we were ready
+            self.app.draw(self.app.snapshot)

@@ -1,0 +1,1 @@
+"""One widget per module: devices, allocations, detail, scrub, events."""

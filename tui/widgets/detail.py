@@ -1,0 +1,39 @@
+"""The detail panel: everything `gpumemctl info` shows about the selected entry."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from gpumemctl.protocol import format_size
+
+# Shown first, in this order; the rest follow sorted, as `info` prints them.
+FIRST = ("path", "type", "state", "size", "capacity", "device", "durable", "ecc",
+         "verified", "holders", "refcount", "damaged")
+
+
+def info_lines(info: dict) -> Text:
+    keys = [k for k in FIRST if k in info] + sorted(k for k in info if k not in FIRST)
+    text = Text()
+    for key in keys:
+        value = info[key]
+        if key == "holders":
+            value = ", ".join(f"{h['kind']} pid {h['pid']} uid {h['uid']}" for h in value) \
+                or "none"
+        elif key in ("size", "capacity") and value is not None:
+            value = f"{format_size(value)} ({value})"
+        elif key == "damaged":
+            value = ", ".join(f"{a}-{b}" for a, b in value) or "none"
+        style = "bold red" if (key == "state" and value in ("degraded", "lost")) else ""
+        text.append(f"{key:<12}", style="bold")
+        text.append(f" {value}\n", style=style)
+    return text
+
+
+class DetailPanel(VerticalScroll):
+    def compose(self):
+        yield Static(Text("nothing selected", style="dim"), id="detail-body")
+
+    def show(self, info: dict | None) -> None:
+        body = self.query_one("#detail-body", Static)
+        body.update(info_lines(info) if info else Text("nothing selected", style="dim"))

@@ -1,0 +1,76 @@
+"""The devices panel: per GPU, a memory bar split into our allocations, other users and
+free memory, then utilisation, temperature, power, ECC counters and remapped rows."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from gpumemctl.protocol import format_size
+
+BAR_WIDTH = 24
+
+
+def memory_split(d: dict) -> tuple[int, int, int, int]:
+    """(total, ours, others, free) in bytes. NVML counts every process (ours included);
+    without NVML the backend's own total/free are all there is."""
+    total = d.get("memory_total") or d.get("total") or 0
+    free = d.get("memory_free") if d.get("memory_free") is not None else d.get("free") or 0
+    ours = min(d.get("ours") or 0, total)
+    others = max(0, total - free - ours)
+    return total, ours, others, max(0, total - ours - others)
+
+
+def bar(total: int, ours: int, others: int, width: int = BAR_WIDTH) -> Text:
+    if total <= 0:
+        return Text("░" * width, style="dim")
+    n_ours = round(width * ours / total)
+    n_others = min(width - n_ours, round(width * others / total))
+    text = Text()
+    text.append("█" * n_ours, style="bold green")
+    text.append("▓" * n_others, style="yellow")
+    text.append("░" * (width - n_ours - n_others), style="dim")
+    return text
+
+
+def _na(value, fmt: str = "{}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def telemetry(d: dict) -> Text:
+    """Utilisation, temperature, power, ECC and remapped rows; warnings stand out."""
+    if d.get("telemetry") != "nvml":
+        return Text(d.get("telemetry") or "no telemetry", style="dim")
+    text = Text(f"util {_na(d['utilization_gpu'], '{}%')}  {_na(d['temperature_c'], '{}°C')}"
+                f"  {_na(d['power_w'], '{:.0f}')}/{_na(d['power_limit_w'], '{:.0f}W')}  ")
+    uncorrected = d.get("ecc_volatile_uncorrected")
+    text.append(f"ECC {'on' if d.get('ecc_enabled') else 'off'} "
+                f"corr {_na(d.get('ecc_volatile_corrected'))} "
+                f"uncorr {_na(uncorrected)}  ",
+                style="bold red" if uncorrected else "")
+    pending, failure = d.get("remapped_pending"), d.get("remapped_failure")
+    text.append(f"remap {_na(d.get('remapped_correctable'))}/"
+                f"{_na(d.get('remapped_uncorrectable'))}"
+                + (" PENDING" if pending else "") + (" FAILED" if failure else ""),
+                style="bold red" if (pending or failure) else "")
+    return text
+
+
+def device_line(d: dict) -> Text:
+    """Two lines: memory, then telemetry; cut (not wrapped) to the panel's width."""
+    total, ours, others, free = memory_split(d)
+    line = Text(f"{d['index']} ", style="bold", no_wrap=True, overflow="ellipsis")
+    line.append_text(bar(total, ours, others))
+    line.append(f" ours {format_size(ours)}  other {format_size(others)}  "
+                f"free {format_size(free)} of {format_size(total)}  {d['name']}\n  ")
+    line.append_text(telemetry(d))
+    return line
+
+
+class DevicesPanel(Static):
+    """One line per device; redrawn from each snapshot."""
+
+    def show(self, devices: list[dict]) -> None:
+        if not devices:
+            self.update(Text("no devices", style="dim"))
+            return
+        self.update(Text("\n").join(device_line(d) for d in devices))

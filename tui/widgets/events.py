@@ -1,0 +1,23 @@
+"""The live event log (the `subscribe` stream), newest at the bottom."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import RichLog
+
+from ..model import event_line
+
+ALARMING = {"damage", "lost", "orphan", "unsealed"}
+
+
+class EventsPanel(RichLog):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(max_lines=1000, wrap=False, markup=False, **kwargs)
+        self.last_id = 0
+
+    def add(self, event: dict) -> None:
+        if event["id"] <= self.last_id:           # a backlog replayed after a reconnect
+            return
+        self.last_id = event["id"]
+        style = "bold red" if event["kind"] in ALARMING else \
+            ("green" if event["kind"] == "healed" else "")
+        self.write(Text(event_line(event), style=style))
