@@ -15,7 +15,6 @@ from rich.text import Text
 from textual import work
 from textual.app import App
 from textual.binding import Binding
-from textual.widgets import Static
 
 from gpumemctl.protocol import GpumemError, NotRunning, format_size
 
@@ -24,7 +23,7 @@ from .messages import (ActionDone, ActionFailed, DaemonDown, DetailReady, EventA
 from .model import Snapshot, duration_text
 from .screens.confirm import ConfirmScreen
 from .screens.create import CreateScreen
-from .screens.main import MainScreen
+from .screens.main import Banner, MainScreen
 from .screens.not_running import NotRunningScreen
 from .screens.verify import VerifyScreen
 from .source import DaemonSource
@@ -146,7 +145,7 @@ class GpumemApp(App):
         main.query_one(DevicesPanel).show(snap.devices)
         main.query_one(AllocationsPanel).show(snap, self.clock())
         main.query_one(ScrubPanel).show(snap.scrub)
-        main.query_one("#banner", Static).update(banner(snap))
+        main.query_one(Banner).show(banner(snap))
         self._show_events()
 
     def _show_events(self) -> None:

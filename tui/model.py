@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import time
 
 from gpumemctl.protocol import format_size
@@ -91,13 +92,16 @@ def age(iso: str | None, now: float) -> str:
     """'12s ago', '5m ago', '3h ago', '2d ago' for an ISO 8601 UTC time; 'never' for None."""
     if not iso:
         return "never"
-    then = datetime.datetime.strptime(iso, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-        tzinfo=datetime.timezone.utc).timestamp()
-    seconds = max(0, int(now - then))
+    seconds = max(0, int(now - epoch(iso)))
     for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= span:
             return f"{seconds // span}{unit} ago"
     return f"{seconds}s ago"
+
+
+@functools.lru_cache(maxsize=1 << 14)   # the same times come back every refresh
+def epoch(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def device_label(uuid: str | None, device_index: dict) -> str:

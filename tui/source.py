@@ -57,15 +57,21 @@ class DaemonSource:
 
     # ---- subscription -----------------------------------------------------------------
     def subscribe(self, since: int | None, backlog: int = 100) -> Iterator[dict]:
-        """Events (after `since`, or the last `backlog` ones) and change notices, until the
-        daemon goes away (NotRunning) or close() is called (the iterator just ends)."""
+        """Events (after `since`, or else the last `backlog` ones) and change notices, until
+        the daemon goes away (NotRunning) or close() is called (the iterator just ends)."""
         client = Client(self.socket_path, client_name="gpumemctl-top", timeout=None)
         self._subscription = client
         if self._closed:
             client.close()
             return
         try:
-            yield from client.subscribe(since=since, limit=backlog)
+            stream = client.subscribe(since=since, limit=backlog)
+            if since is None and stream.last_event:     # the newest few, for context
+                for event in self.call("events", since=max(0, stream.last_event - backlog),
+                                       limit=backlog):
+                    if event["id"] <= stream.last_event:
+                        yield {"type": "event", "event": event}
+            yield from stream
         except (NotRunning, ProtocolError, OSError):
             if not self._closed:
                 raise NotRunning("gpumemd ended the subscription") from None

@@ -35,9 +35,7 @@ async def until(pilot, predicate, timeout: float = 10.0, what: str = "the screen
 
 def table_rows(app) -> list[str]:
     """The NAME column of the allocation table, top to bottom."""
-    return [str(cells[0]) for cells in
-            (app.main.query_one("#alloc-table").get_row_at(i)
-             for i in range(app.main.query_one("#alloc-table").row_count))]
+    return [cells[0] for cells in app.main.query_one("#alloc-table").cells]
 
 
 def notifications(app) -> list[str]:

@@ -2,15 +2,33 @@
 progress and the event log below, the key bindings in the footer."""
 from __future__ import annotations
 
-from textual.containers import Horizontal, Vertical
+from rich.text import Text
+from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widget import Widget
+from textual.widgets import Footer
 
 from ..widgets.allocations import AllocationsPanel
 from ..widgets.detail import DetailPanel
 from ..widgets.devices import DevicesPanel
 from ..widgets.events import EventsPanel
 from ..widgets.scrub import ScrubPanel
+
+
+class Banner(Widget):
+    """The one-line summary at the top. Its text changes every second (uptime), so it
+    repaints without the relayout a Static's update() costs."""
+
+    DEFAULT_CSS = "Banner { height: 1; }"
+    text = Text()
+
+    def show(self, text: Text) -> None:
+        if text.plain != self.text.plain:
+            self.text = text
+            self.refresh()
+
+    def render(self) -> Text:
+        return self.text
 
 
 class MainScreen(Screen):
@@ -20,7 +38,7 @@ class MainScreen(Screen):
     ready = False                   # children composed: the app may draw into them
 
     def compose(self):
-        yield Static(id="banner")
+        yield Banner(id="banner")
         yield DevicesPanel(id="devices")
         with Horizontal(id="middle"):
             yield AllocationsPanel(id="allocations")

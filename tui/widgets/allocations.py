@@ -1,9 +1,8 @@
 """The allocations panel: a table of one directory (or of every match of the filter below
 it), sortable by any column, navigable into directories.
 
-A refresh touches only the cells that changed; the rows are rebuilt only when the set or
-order of rows changed. That keeps a refresh of 1000 allocations well inside 100 ms
-(bench/tui.py measures it).
+The table draws only the rows on screen (widgets/table.py), so a refresh of 1000
+allocations stays well inside 100 ms (bench/top.py measures it).
 """
 from __future__ import annotations
 
@@ -11,53 +10,30 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import Input, Static
 
 from .. import model
 from ..model import COLUMN_KEYS, COLUMNS, Snapshot
+from .table import Table
 
 
-class AllocationTable(DataTable):
-    """Rows keyed by path."""
+RIGHT = {1, 2, 6}      # size, capacity, holders: numbers line up on the right
+ALARM_STATES = {"degraded", "lost"}
+
+
+class AllocationTable(Table):
+    """The table of allocations, rows keyed by path."""
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self._keys: list[str] = []
-        self._cells: dict[str, tuple[str, ...]] = {}
-
-    def on_mount(self) -> None:
-        for key, header in COLUMNS:
-            self.add_column(header, key=key)
+        super().__init__([header for _, header in COLUMNS], right=RIGHT, **kwargs)
 
     @property
     def selected_path(self) -> str | None:
-        if not self._keys or self.cursor_row < 0 or self.cursor_row >= len(self._keys):
-            return None
-        return self._keys[self.cursor_row]
-
-    def show(self, rows: list[tuple[str, tuple[str, ...]]]) -> None:
-        keys = [key for key, _ in rows]
-        if keys == self._keys:
-            for key, cells in rows:
-                old = self._cells[key]
-                for column, (before, now) in enumerate(zip(old, cells)):
-                    if before != now:
-                        self.update_cell(key, COLUMN_KEYS[column], now)
-        else:
-            selected = self.selected_path
-            self.clear()
-            for key, cells in rows:
-                self.add_row(*cells, key=key)
-            if selected in keys:
-                self.move_cursor(row=keys.index(selected), animate=False)
-        self._keys, self._cells = keys, dict(rows)
+        return self.selected_key
 
     def mark_sort(self, key: str, reverse: bool) -> None:
-        for column_key, header in COLUMNS:
-            arrow = (" ▼" if reverse else " ▲") if column_key == key else ""
-            self.columns[column_key].label = Text(header + arrow)
-        self._require_update_dimensions = True
-        self.refresh()
+        self.set_headers([header + ((" ▼" if reverse else " ▲") if k == key else "")
+                          for k, header in COLUMNS])
 
 
 class AllocationsPanel(Vertical):
@@ -83,7 +59,7 @@ class AllocationsPanel(Vertical):
         self.sort_key, self.reverse = "name", False
         self.snapshot: Snapshot | None = None
         self.now = 0.0
-        self._selected: str | None = None
+        self._selected: dict | None = None   # the entry last announced
 
     def compose(self):
         yield Static(id="alloc-title")
@@ -116,7 +92,9 @@ class AllocationsPanel(Vertical):
         shown = model.sorted_entries(model.visible(snap.entries, self.cwd, self.filter_text),
                                      self.sort_key, self.reverse, snap.device_index)
         self.table.show([(e["path"], model.row_cells(e, self.cwd, snap.device_index,
-                                                     self.now)) for e in shown])
+                                                     self.now)) for e in shown],
+                        alarm={i for i, e in enumerate(shown)
+                               if e.get("state") in ALARM_STATES})
         allocations = sum(1 for e in shown if e["type"] == "allocation")
         where = "/" + self.cwd
         what = f"{allocations} allocations, {len(shown) - allocations} directories"
@@ -126,11 +104,10 @@ class AllocationsPanel(Vertical):
         self._announce()
 
     def _announce(self) -> None:
-        """Tell the app when the selected entry changed, or the entry itself did."""
-        path = self.table.selected_path
-        entry = self.snapshot.by_path.get(path) if (self.snapshot and path) else None
-        if path != self._selected or entry is not None:
-            self._selected = path
+        """Tell the app when the selected entry changed (another row, or new values)."""
+        entry = self.selected_entry
+        if entry != self._selected:
+            self._selected = entry
             self.post_message(self.Selected(entry))
 
     @property
@@ -147,27 +124,27 @@ class AllocationsPanel(Vertical):
         event.stop()
         self.table.focus()
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+    def on_table_highlighted(self, event: Table.Highlighted) -> None:
         event.stop()
         self._announce()
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_table_activated(self, event: Table.Activated) -> None:
         """Enter on a directory opens it."""
         event.stop()
         entry = self.selected_entry
         if entry is not None and entry["type"] == "directory":
             self.enter(entry["path"])
 
-    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+    def on_table_header_clicked(self, event: Table.HeaderClicked) -> None:
         event.stop()
-        key = str(event.column_key.value)
+        key = COLUMN_KEYS[event.column]
         self.set_sort(key, not self.reverse if key == self.sort_key else False)
 
     def enter(self, path: str) -> None:
         self.cwd = path
         self.query_one("#filter", Input).value = ""
         self._redraw()
-        self.table.move_cursor(row=0, animate=False)
+        self.table.move_cursor(0)
 
     def action_up(self) -> None:
         if self.filter_text:
@@ -176,8 +153,8 @@ class AllocationsPanel(Vertical):
         if self.cwd:
             came_from, self.cwd = self.cwd, model.parent_of(self.cwd)
             self._redraw()
-            if came_from in self.table._keys:
-                self.table.move_cursor(row=self.table._keys.index(came_from), animate=False)
+            if came_from in self.table.keys:
+                self.table.move_cursor(self.table.keys.index(came_from))
 
     def action_focus_filter(self) -> None:
         self.query_one("#filter", Input).focus()

@@ -31,9 +31,13 @@ def info_lines(info: dict) -> Text:
 
 
 class DetailPanel(VerticalScroll):
+    _shown: dict | None = None
     def compose(self):
         yield Static(Text("nothing selected", style="dim"), id="detail-body")
 
     def show(self, info: dict | None) -> None:
+        if info == self._shown:           # unchanged: no relayout
+            return
+        self._shown = info
         body = self.query_one("#detail-body", Static)
         body.update(info_lines(info) if info else Text("nothing selected", style="dim"))

@@ -69,7 +69,12 @@ def device_line(d: dict) -> Text:
 class DevicesPanel(Static):
     """One line per device; redrawn from each snapshot."""
 
+    _shown: list | None = None
+
     def show(self, devices: list[dict]) -> None:
+        if devices == self._shown:           # unchanged: no relayout
+            return
+        self._shown = devices
         if not devices:
             self.update(Text("no devices", style="dim"))
             return

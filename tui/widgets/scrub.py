@@ -30,6 +30,7 @@ def last_result(last: dict | None) -> Text:
 
 
 class ScrubPanel(Vertical):
+    _shown: dict | None = None
     def compose(self):
         yield Static(id="scrub-state")
         yield ProgressBar(total=100, show_eta=False, show_percentage=False,
@@ -37,6 +38,9 @@ class ScrubPanel(Vertical):
         yield Static(id="scrub-result")
 
     def show(self, scrub: dict) -> None:
+        if scrub == self._shown:           # unchanged: no relayout
+            return
+        self._shown = scrub
         state = self.query_one("#scrub-state", Static)
         progress_bar = self.query_one("#scrub-bar", ProgressBar)
         result = self.query_one("#scrub-result", Static)
