@@ -100,6 +100,14 @@ class WorkProgress(Progress):
 
     def frame(self, p: dict) -> None:
         n = p.get("allocations") or 0
+        if not n:
+            return              # nothing to verify: nothing to show
         i = min(p.get("allocations_done", 0) + 1, n)
         detail = f"allocation {i}/{n} {p.get('path') or ''}".rstrip()
         self(p.get("done_bytes", 0), p.get("total_bytes", 0), detail)
+
+    def finish(self) -> None:
+        """Erase the meter: the command's own summary follows (on stdout)."""
+        if self.enabled and self.drawn:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()

@@ -15,6 +15,7 @@ import pytest
 from gpumemctl import Client
 from gpumemctl.protocol import NotRunning, framing
 from tests.conftest import _bin, _env, wait_for
+from tests.mount.conftest import mounted_factory  # noqa: F401 - a fixture
 
 MiB = 1 << 20
 COALESCE = 0.05          # daemon/server.py COALESCE_SECONDS
@@ -102,6 +103,19 @@ def test_subscriber_sees_events_and_holder_changes(daemon):
         col.wait(changed_with(node), start=opened + 1, timeout=2, what="changed at close")
         assert not [it for it in col.items[i + 1:] if it["type"] == "event"
                     and it["event"]["path"] == "watched"]      # no event was logged for them
+
+
+def test_mount_opens_are_changes(mounted_factory):
+    d = mounted_factory()
+    with d.client() as sc, d.client() as c:
+        node = c.create("onmount", 4096, mode=0o644)["id"]
+        col = Collector(sc.subscribe())
+        with open(os.path.join(d.mnt, "onmount"), "rb") as f:
+            opened = col.wait(changed_with(node), timeout=2, what="changed at a mount open")
+            assert c.info("onmount")["refcount"] == 1
+            f.read(10)
+        col.wait(changed_with(node), start=opened + 1, timeout=2,
+                 what="changed at the mount's release")
 
 
 def test_subscribe_backlog_since(daemon):
@@ -342,4 +356,4 @@ def test_cli_verify_progress_on_a_tty(daemon):
         proc.stdout.replace(b"allocation(s)", b"")
     text = meter.decode()
     assert text.startswith("\rverify: allocation 1/2 big: ") and "%" in text and "/s" in text
-    assert text.endswith("\n")
+    assert text.endswith("\r\x1b[K")                # erased before the summary
