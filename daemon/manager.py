@@ -80,8 +80,14 @@ class AllocationManager:
         self.nodes: dict[int, Node] = {}
         self.root: Directory | None = None
         self.subscribers: set[Callable[[dict], None]] = set()
+        # Told of every node a monitor should redraw (holders, state, size, damage, seal,
+        # names), logged as an event or not: listener(node). The socket server's `subscribe`
+        # coalesces these per subscriber. Unlike `watchers` (the mount's kernel caches) they
+        # cost nothing but a set test while nobody listens. See _node_changed.
+        self.change_listeners: set[Callable[[Node], None]] = set()
         self._holder_ids = itertools.count(1)
         self._pending_events: list[dict] = []
+        self._pending_nodes: list[Node] = []   # nodes of those events, for _node_changed
         self._txn_nodes: list[Node] = []     # nodes inserted by the open transaction
         self._last_insert_id = 0
         self.sessions: dict[int, Session] = {}
@@ -296,12 +302,16 @@ class AllocationManager:
         except BaseException:
             if outer:
                 self._pending_events.clear()
+                self._pending_nodes.clear()
                 self._undo_inserts()
             raise
         if outer:
             events, self._pending_events = self._pending_events, []
+            nodes, self._pending_nodes = self._pending_nodes, []
             for event in events:
                 self._publish(event)
+            for node in nodes:          # after the events: a monitor reads them first
+                self._notify_changed(node)
 
     def _undo_inserts(self) -> None:
         """The registry rolled back: take the nodes this transaction added out of the tree."""
@@ -321,6 +331,27 @@ class AllocationManager:
             "id": event_id, "time_ns": now, "kind": kind, "node": node.id if node else None,
             "path": path, "uid": cred.uid if cred else None,
             "pid": cred.pid if cred else None, "detail": detail})
+        if node is not None:
+            self._node_changed(node)
+
+    def _node_changed(self, node: Node) -> None:
+        """Tell the change listeners that a monitor showing `node` should redraw it. Called
+        for every event about a node once it committed (create, remove, rename, resize,
+        state, damage, seal, ...: see _change) and directly for the changes no event
+        records: holders added or dropped, `unsealed` set by attach, the size grown by a
+        write within the capacity, the entries of a directory. A notice for a change that
+        then rolls back is harmless (a redraw). Inside a transaction the notice waits for
+        its commit, so it follows the transaction's events."""
+        if not self.change_listeners:
+            return
+        if self.registry._in_txn:
+            self._pending_nodes.append(node)
+        else:
+            self._notify_changed(node)
+
+    def _notify_changed(self, node: Node) -> None:
+        for listener in list(self.change_listeners):
+            listener(node)
 
     def _publish(self, event: dict) -> None:
         who = f" uid={event['uid']} pid={event['pid']}" if event["uid"] is not None else ""
@@ -443,6 +474,7 @@ class AllocationManager:
         parent.add_child(node)
         parent.modified_ns = parent.changed_ns = now
         self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
+        self._node_changed(parent)
 
     def _unlink(self, node: Node) -> None:
         now = time.time_ns()
@@ -452,6 +484,7 @@ class AllocationManager:
             parent.modified_ns = parent.changed_ns = now
             self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
             self._entry_changed(parent, node.name)
+            self._node_changed(parent)
         self.nodes.pop(node.id, None)
 
     def _entry_changed(self, parent: Directory, name: str) -> None:
@@ -928,6 +961,7 @@ class AllocationManager:
                 self.backend.zero(alloc.buffer, alloc.size, offset)
             alloc.size = end
             self._attrs_changed(alloc)
+            self._node_changed(alloc)
             return
         spare = None
         if alloc.state == "ready":
@@ -1035,6 +1069,7 @@ class AllocationManager:
             for directory in {src_dir, dst_dir}:
                 directory.modified_ns = directory.changed_ns = now
                 self.registry.update_node(directory.id, modified_ns=now, changed_ns=now)
+                self._node_changed(directory)
             dst_dir.add_child(node)
             self._event("rename", node, cred, **{"from": old_path, "to": node.path})
         if isinstance(target, Allocation):
@@ -1225,6 +1260,7 @@ class AllocationManager:
             alloc.unsealed = True
             with self._change(durable=alloc.durable):
                 self.registry.update_node(alloc.id, unsealed=UNSEALED)
+            self._node_changed(alloc)
         return holder, fd, describe(alloc, holders=True)
 
     def detach(self, session: Session, holder_id: int) -> dict:
@@ -1343,6 +1379,7 @@ class AllocationManager:
                                          holder.uid, holder.since_ns)
         alloc.holders[holder.id] = holder
         session.holders[holder.id] = holder
+        self._node_changed(alloc)
         return holder
 
     def _drop_holder_record(self, holder: Holder) -> None:
@@ -1351,6 +1388,7 @@ class AllocationManager:
         if holder.kind not in MOUNT_KINDS:
             with self.registry.transaction(durable=False, batch=True):
                 self.registry.remove_holder(holder.id)
+        self._node_changed(holder.alloc)
 
     def _remove_holder(self, holder: Holder) -> None:
         """Drop a holder; free the memory if that was the last thing keeping it."""

@@ -315,6 +315,10 @@ class Registry:
             self.db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - MAX_EVENTS,))
         return cur.lastrowid
 
+    def last_event_id(self) -> int:
+        """The id of the newest event (0 when the log is empty)."""
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+
     def events(self, since: int = 0, limit: int = 100, path: str | None = None,
                uid: int | None = None) -> list[dict]:
         """Events after `since`, oldest first; with `uid`, only that user's and the

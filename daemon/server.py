@@ -5,6 +5,9 @@ Each later frame is a request {id, op, args}; the answer is {id, ok: true, resul
 {id, ok: false, error: {code, name, message, details}}. A framing error (bad magic, oversized
 frame, too many fds, truncated frame) is answered once and the connection is closed; the daemon
 itself is unharmed. Every request is authorised by the manager from the peer's SO_PEERCRED.
+Two kinds of request answer with more than one frame: streams (`events` with `follow`,
+`subscribe`), which push frames until the client hangs up, and long calls (`verify`,
+`recover` with `progress`), which send progress frames before their answer.
 See docs/protocol.md.
 """
 from __future__ import annotations
@@ -25,13 +28,18 @@ from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
 
 from . import nvml
 from .check import Checker
+from .ecc.layout import BLOCK
 from .manager import AllocationManager
-from .permissions import Credentials, supplementary_groups
+from .nodes import Allocation, Node
+from .permissions import X, Credentials, require, supplementary_groups
 from .sessions import Session
 
 log = logging.getLogger("gpumemd")
 VERSION = "0.1.0"
-EVENT_QUEUE = 1024
+EVENT_QUEUE = 1024          # frames a stream may have waiting; a reader further behind is cut off
+COALESCE_SECONDS = 0.05     # `subscribe`: at most one `changed` frame per this, per subscriber
+PROGRESS_SECONDS = 0.1      # `progress`: at most one progress frame per this (plus the first)
+PROGRESS_OPS = ("verify", "recover")
 
 
 def peer_credentials(sock) -> Credentials:
@@ -140,10 +148,16 @@ class Server:
             if op == "events" and args.get("follow"):
                 await self._follow_events(conn, session, rid, args)
                 return False
+            if op == "subscribe":
+                await self._subscribe(conn, session, rid, args)
+                return False
             handler = getattr(self, "op_" + op, None)
             if handler is None:
                 raise UsageError(f"unknown request {op!r}")
-            reply = handler(session, args)
+            if op in PROGRESS_OPS and _bool(args, "progress"):
+                reply = handler(session, args, progress=self._progress_sender(conn, rid))
+            else:
+                reply = handler(session, args)
             if inspect.isawaitable(reply):   # ops that wait on a worker thread (NVML)
                 reply = await reply
             result, out_fds = reply
@@ -212,31 +226,67 @@ class Server:
         return {"info": info, "offset": 0, "size": info["capacity"]}, [fd]
 
     # ---- ECC -------------------------------------------------------------------------------
-    async def op_verify(self, s: Session, a: dict):
+    async def op_verify(self, s: Session, a: dict, progress=None):
         """Verify (with `repair`, repair) the named allocations or all: synchronous for the
-        client, piece by piece for the daemon (the event loop runs between pieces)."""
+        client, piece by piece for the daemon (the event loop runs between pieces).
+        `progress`: an async callable that sends a progress frame (args `progress: true`)."""
         paths = a.get("paths") or []
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise UsageError("argument 'paths' must be a list of strings")
+        repair = _bool(a, "repair")
         targets = self.manager.ecc_targets(paths, s.cred, _bool(a, "all"))
-        results = [await self._drive(self.manager.verify_steps(t, _bool(a, "repair")))
-                   for t in targets]
+        results = await self._verify_all(targets, repair, progress)
         return {"allocations": results, "summary": ecc_summary(results)}, []
 
-    async def op_recover(self, s: Session, a: dict):
+    async def op_recover(self, s: Session, a: dict, progress=None):
         alloc = self.manager.lookup_allocation(_str(a, "path"), s.cred)
-        result = await self._drive(self.manager.verify_steps(alloc, repair=True))
+        [result] = await self._verify_all([alloc], True, progress)
         return {"allocation": result, "info": self.manager.info(alloc.path, s.cred)}, []
 
+    async def _verify_all(self, targets: list[Allocation], repair: bool,
+                          progress=None) -> list[dict]:
+        if progress is None:
+            return [await self._drive(self.manager.verify_steps(t, repair)) for t in targets]
+        meter = EccProgress(targets, progress)
+        await meter.report(force=True)
+        results = []
+        for i, target in enumerate(targets):
+            meter.begin(i)
+            results.append(await self._drive(self.manager.verify_steps(target, repair),
+                                             meter.piece))
+            meter.end()
+        return results
+
     @staticmethod
-    async def _drive(steps):
-        """Run a manager generator to its end, letting the loop run between its pieces."""
+    async def _drive(steps, on_piece=None):
+        """Run a manager generator to its end, letting the loop run between its pieces
+        (`on_piece(value)`, awaited, does that when given: it always checkpoints)."""
         while True:
             try:
-                next(steps)
+                value = next(steps)
             except StopIteration as done:
                 return done.value
-            await trio.sleep(0)
+            if on_piece is None:
+                await trio.sleep(0)
+            else:
+                await on_piece(value)
+
+    def _progress_sender(self, conn, rid):
+        """An async callable that sends {"id": rid, "progress": ...}; once the client is
+        gone it sends nothing more (the work goes on, as it does without progress, and the
+        answer then fails to send)."""
+        gone = False
+
+        async def send(progress: dict) -> None:
+            nonlocal gone
+            if gone:
+                await trio.sleep(0)
+                return
+            try:
+                await framing.asend_frame(conn, {"id": rid, "progress": progress})
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                gone = True
+        return send
 
     def op_debug_corrupt(self, s: Session, a: dict):
         try:
@@ -344,32 +394,153 @@ class Server:
         return Checker(self.manager).run(repair=repair), []
 
     async def _follow_events(self, conn, session: Session, rid, args: dict) -> None:
-        """Stream events as they commit until the client hangs up."""
-        send, receive = trio.open_memory_channel(EVENT_QUEUE)
-
-        def deliver(event: dict) -> None:
-            if not self._event_visible(session, event):
-                return
-            try:
-                send.send_nowait(event)
-            except trio.WouldBlock:       # a reader this slow gets cut off, not buffered
-                send.close()
-
+        """`events` with `follow`: the backlog, then events as they commit."""
         backlog, _ = self.op_events(session, {k: v for k, v in args.items() if k != "follow"})
-        self.manager.subscribers.add(deliver)
-        try:
-            await framing.asend_frame(conn, {"id": rid, "ok": True, "result": backlog})
-            async with trio.open_nursery() as nursery:
-                async def hang_up_watch():
-                    while await conn.recv(4096):
-                        pass
+        await self._stream(conn, session, rid, backlog, changes=False)
+
+    async def _subscribe(self, conn, session: Session, rid, args: dict) -> None:
+        """`subscribe`: the backlog (events after `since`; none without it) and the newest
+        event id, then events as they commit and coalesced `changed` frames."""
+        since = args.get("since")
+        if since is not None:
+            since = _int(args, "since")
+        limit = min(max(_int(args, "limit", 100), 1), 10_000)
+        events = [] if since is None else self.manager.registry.events(
+            since=since, limit=limit, uid=None if self._privileged(session) else
+            session.cred.uid)
+        answer = {"events": events, "last_event": self.manager.registry.last_event_id()}
+        await self._stream(conn, session, rid, answer, changes=True)
+
+    def _node_visible(self, s: Session, node: Node) -> bool:
+        """Whether a `changed` frame may name this node to the session: where it could
+        `info` it (search permission on every directory above it; the daemon's user and
+        root see all). A removed node is judged by the directories it was in."""
+        if self._privileged(s):
+            return True
+        directory = node.parent
+        while directory is not None:
+            try:
+                require(directory, s.cred, X)
+            except PermissionDenied:
+                return False
+            directory = directory.parent
+        return True
+
+    async def _stream(self, conn, session: Session, rid, answer: dict, *,
+                      changes: bool) -> None:
+        """Send `answer`, then push frames on this connection until the client hangs up:
+        {"id": rid, "event": {...}} for each committed event the session may see and, with
+        `changes`, {"id": rid, "changed": {"nodes": [...], "paths": [...]}} at most once per
+        COALESCE_SECONDS, naming every node changed since the last one. Nothing is buffered
+        without limit: events wait in a queue of EVENT_QUEUE frames, changes in a set of
+        nodes. A client too slow to keep that queue from filling is cut off: its connection
+        is closed (the frame being written when it happens is left unfinished)."""
+        queue_in, queue_out = trio.open_memory_channel(EVENT_QUEUE)
+        pending: dict[int, Node] = {}       # nodes changed since the last `changed` frame
+        CHANGED = ("changed", None)
+
+        with trio.CancelScope() as cut_off:
+            def push(item) -> None:
+                try:
+                    queue_in.send_nowait(item)
+                except trio.WouldBlock:   # a reader this slow gets cut off, not buffered
+                    if not cut_off.cancel_called:
+                        log.warning("cutting off a subscriber too slow to read (session "
+                                    "%d, pid %d): %d frames waiting", session.id,
+                                    session.cred.pid, EVENT_QUEUE)
+                    cut_off.cancel()
+
+            def deliver(event: dict) -> None:
+                if self._event_visible(session, event):
+                    push(("event", event))
+
+            def changed(node: Node) -> None:
+                if not pending:           # the first change since the last frame wakes it
+                    push(CHANGED)
+                pending[node.id] = node
+
+            self.manager.subscribers.add(deliver)
+            if changes:
+                self.manager.change_listeners.add(changed)
+            try:
+                await framing.asend_frame(conn, {"id": rid, "ok": True, "result": answer})
+                async with trio.open_nursery() as nursery:
+                    async def hang_up_watch():
+                        try:
+                            while await conn.recv(4096):
+                                pass        # a stream's connection takes no more requests
+                        except OSError:
+                            pass
+                        nursery.cancel_scope.cancel()
+                    nursery.start_soon(hang_up_watch)
+                    last_changed = -float("inf")
+                    try:
+                        async for kind, event in queue_out:
+                            if kind == "event":
+                                await framing.asend_frame(conn, {"id": rid, "event": event})
+                                continue
+                            wait = last_changed + COALESCE_SECONDS - trio.current_time()
+                            if wait > 0:
+                                await trio.sleep(wait)   # more changes gather meanwhile
+                            nodes = [n for n in pending.values()
+                                     if self._node_visible(session, n)]
+                            pending.clear()
+                            last_changed = trio.current_time()
+                            if nodes:
+                                await framing.asend_frame(conn, {"id": rid, "changed": {
+                                    "nodes": [n.id for n in nodes],
+                                    "paths": [n.path for n in nodes]}})
+                    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass                # the client went away mid-frame
                     nursery.cancel_scope.cancel()
-                nursery.start_soon(hang_up_watch)
-                async for event in receive:
-                    await framing.asend_frame(conn, {"id": rid, "event": event})
-                nursery.cancel_scope.cancel()
-        finally:
-            self.manager.subscribers.discard(deliver)
+            finally:
+                self.manager.subscribers.discard(deliver)
+                self.manager.change_listeners.discard(changed)
+
+
+class EccProgress:
+    """The progress frames of one verify or recover: one at the start, then at most one
+    per PROGRESS_SECONDS. `total_bytes` is the protected bytes (the size of each allocation
+    with ECC and memory) of all targets at the start; `done_bytes` never decreases and
+    never passes it, whatever the allocations do meanwhile (grow, shrink, go away)."""
+
+    def __init__(self, targets: list[Allocation], send):
+        self.targets, self.send = targets, send
+        self.sizes = [self.protected_bytes(t) for t in targets]
+        self.total = sum(self.sizes)
+        self.index = 0              # the allocation being verified
+        self.base = 0               # protected bytes of the allocations finished
+        self.current = 0            # bytes of the current one checked so far
+        self.last = -float("inf")
+
+    @staticmethod
+    def protected_bytes(alloc: Allocation) -> int:
+        if alloc.ecc != "rs" or alloc.state not in ("ready", "degraded"):
+            return 0
+        return alloc.size or 0
+
+    def begin(self, index: int) -> None:
+        self.index, self.current = index, 0
+
+    def end(self) -> None:
+        self.base += self.sizes[self.index]
+        self.index, self.current = self.index + 1, 0
+
+    async def piece(self, block: int) -> None:
+        self.current = min(block * BLOCK, self.sizes[self.index])
+        await self.report()
+
+    async def report(self, force: bool = False) -> None:
+        now = trio.current_time()
+        if not force and now - self.last < PROGRESS_SECONDS:
+            await trio.sleep(0)
+            return
+        self.last = now
+        i = min(self.index, len(self.targets) - 1)
+        await self.send({
+            "path": self.targets[i].path if self.targets else None,
+            "done_bytes": self.base + self.current, "total_bytes": self.total,
+            "allocations_done": self.index, "allocations": len(self.targets)})
 
 
 def ecc_summary(results: list[dict]) -> dict:

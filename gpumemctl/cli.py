@@ -464,8 +464,12 @@ def verify(names: Annotated[Optional[list[str]], typer.Argument(
            json_: JsonOpt = False):
     """Check allocations against their parity (and with --repair, repair them), now.
     Exit 0 clean, 1 damage found and all repaired, 8 damage left."""
+    meter = output.WorkProgress("verify")
     with connect() as c:
-        result = c.verify(names or [], all=all_, repair=repair)
+        try:
+            result = c.verify(names or [], all=all_, repair=repair, progress=meter.callback)
+        finally:
+            meter.finish()
     summary = result["summary"]
     if want_json(json_):
         output.emit_json(result)
@@ -485,8 +489,12 @@ def verify(names: Annotated[Optional[list[str]], typer.Argument(
 def recover(name: NameArg, json_: JsonOpt = False):
     """Run the repair of a (degraded) allocation again and report what remains.
     Exit 0 nothing damaged remains, 1 repaired, 8 damage remains."""
+    meter = output.WorkProgress("recover")
     with connect() as c:
-        result = c.recover(name)
+        try:
+            result = c.recover(name, progress=meter.callback)
+        finally:
+            meter.finish()
     r = result["allocation"]
     left = len(r.get("damaged_ranges", []))
     if want_json(json_):

@@ -13,6 +13,7 @@ through pinned staging buffers. CUDA is imported only in the second case.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
 from typing import BinaryIO, Callable, Iterator
@@ -81,6 +82,8 @@ class Client:
         self.socket_path = socket_path or default_socket()
         self._lock = threading.Lock()
         self._next_id = 0
+        self._closed = False
+        self._pid = os.getpid()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             # Connect blocking: with a timeout set, a full listen backlog makes connect() fail
@@ -97,14 +100,40 @@ class Client:
 
     # ---- transport ----------------------------------------------------------------------
     def call_fds(self, op: str, **args) -> tuple[dict, list[int]]:
+        return self._call(op, args)
+
+    def _call(self, op: str, args: dict,
+              progress: Callable[[dict], None] | None = None) -> tuple[dict, list[int]]:
+        """Send one request and read its answer. `progress` receives the payload of each
+        progress frame the daemon sends for it first (verify/recover with progress: true);
+        it runs under this Client's lock, so it must not call this Client. Should it
+        raise, the answer is still read (the connection stays in step) and then the
+        exception is raised."""
+        failure: BaseException | None = None
         with self._lock:
             self._next_id += 1
             rid = self._next_id
             try:
                 framing.send_frame(self.sock, {"id": rid, "op": op, "args": args})
-                reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
+                while True:
+                    reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
+                    if "progress" not in reply or reply.get("id") != rid:
+                        break
+                    framing.close_fds(fds)
+                    if progress is not None and failure is None:
+                        try:
+                            progress(reply["progress"])
+                        except Exception as exc:  # noqa: BLE001 - raised after the answer
+                            failure = exc
             except (EOFError, ConnectionError) as exc:
                 raise NotRunning(f"gpumemd closed the connection ({exc})") from None
+            except OSError as exc:
+                if self._closed:
+                    raise NotRunning("the client was closed") from None
+                raise
+        if failure is not None:
+            framing.close_fds(fds)
+            raise failure
         if not reply.get("ok"):
             framing.close_fds(fds)
             raise error_from_wire(reply.get("error") or {})
@@ -119,6 +148,16 @@ class Client:
         return result
 
     def close(self) -> None:
+        """Close the connection (ending the session). Safe from another thread: a
+        follow_events() or subscribe() iterator blocked on this connection then ends."""
+        self._closed = True
+        if os.getpid() == self._pid:
+            # shutdown() wakes a thread blocked in recv() on this socket (close() alone
+            # does not). Not in a forked child: that would cut its parent's connection.
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self.sock.close()
 
     def __enter__(self):
@@ -242,38 +281,73 @@ class Client:
         return self.call("events", **args)["events"]
 
     def follow_events(self, *, since: int = 0, limit: int = 100) -> Iterator[dict]:
-        """The backlog, then each new event as it commits. Uses up this connection."""
+        """The backlog, then each new event as it commits. Uses up this connection.
+        Ends (StopIteration) when this Client is closed, from any thread."""
         self.sock.settimeout(None)
         for event in self.call("events", since=since, limit=limit, follow=True)["events"]:
             yield event
+        for reply in self._stream_frames():
+            if "event" in reply:
+                yield reply["event"]
+
+    def subscribe(self, since: int | None = None, limit: int = 100) -> "Subscription":
+        """Live changes, for monitors (docs/protocol.md, `subscribe`): an iterator of
+        {"type": "event", "event": {...}} (first the backlog: events after `since`, at most
+        `limit`; none when `since` is None), then, as they happen,
+        {"type": "event", "event": {...}} and
+        {"type": "changed", "nodes": [ids], "paths": [paths]} (coalesced: at most one per
+        ~50 ms). Its `last_event` is the newest event id when it started. Uses up this
+        connection; close() of this Client, from any thread, ends the iteration. A
+        subscriber that falls too far behind is cut off by the daemon: NotRunning."""
+        self.sock.settimeout(None)
+        args: dict = {"limit": limit}
+        if since is not None:
+            args["since"] = since
+        result = self.call("subscribe", **args)
+        return Subscription(self, result)
+
+    def _stream_frames(self) -> Iterator[dict]:
+        """The frames of a stream, until the daemon or close() ends it."""
         while True:
             try:
                 reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
-            except (EOFError, ConnectionError):
-                raise NotRunning("gpumemd closed the event stream") from None
+            except (EOFError, ConnectionError, OSError) as exc:
+                if self._closed:
+                    return
+                if isinstance(exc, (EOFError, ConnectionError)):
+                    raise NotRunning("gpumemd closed the stream") from None
+                raise
             framing.close_fds(fds)
-            if "event" in reply:
-                yield reply["event"]
+            yield reply
 
     def check(self, *, repair: bool = False) -> dict:
         return self.call("check", repair=repair)
 
     # ---- ECC (docs/ecc.md) ------------------------------------------------------------------
-    def _long_call(self, op: str, **args) -> dict:
-        """A call that runs as long as the work does (a verify of terabytes): no timeout."""
+    def _long_call(self, op: str, progress: Callable[[dict], None] | None = None,
+                   **args) -> dict:
+        """A call that runs as long as the work does (a verify of terabytes): no timeout.
+        With `progress`, the daemon sends progress frames first, each passed to it."""
+        if progress is not None:
+            args["progress"] = True
         before = self.sock.gettimeout()
         self.sock.settimeout(None)
         try:
-            return self.call(op, **args)
+            result, fds = self._call(op, args, progress)
+            framing.close_fds(fds)
+            return result
         finally:
             self.sock.settimeout(before)
 
     def verify(self, paths: list[str] | None = None, *, all: bool = False,
-               repair: bool = False) -> dict:
-        return self._long_call("verify", paths=list(paths or []), all=all, repair=repair)
+               repair: bool = False, progress: Callable[[dict], None] | None = None) -> dict:
+        """`progress` receives {path, done_bytes, total_bytes, allocations_done,
+        allocations} up to ~10 times a second (it must not call this Client)."""
+        return self._long_call("verify", progress, paths=list(paths or []), all=all,
+                               repair=repair)
 
-    def recover(self, path: str) -> dict:
-        return self._long_call("recover", path=path)
+    def recover(self, path: str, progress: Callable[[dict], None] | None = None) -> dict:
+        return self._long_call("recover", progress, path=path)
 
     def scrub(self, action: str = "status", *, rate: int | None = None) -> dict:
         args = {"action": action}
@@ -285,3 +359,33 @@ class Client:
                       pattern: str = "ff") -> dict:
         return self.call("debug_corrupt", path=path, offset=offset, length=length,
                          parity=parity, pattern=pattern)
+
+
+class Subscription:
+    """The iterator Client.subscribe() returns; `last_event` is the newest event id when
+    the subscription began (resubscribe with since=last_event to miss nothing)."""
+
+    def __init__(self, client: Client, result: dict):
+        self.client = client
+        self.last_event: int = result.get("last_event", 0)
+        self._items = self._generate(result.get("events", []))
+
+    def _generate(self, backlog: list[dict]) -> Iterator[dict]:
+        for event in backlog:
+            yield {"type": "event", "event": event}
+        for reply in self.client._stream_frames():
+            if "event" in reply:
+                yield {"type": "event", "event": reply["event"]}
+            elif "changed" in reply:
+                yield {"type": "changed", "nodes": reply["changed"].get("nodes", []),
+                       "paths": reply["changed"].get("paths", [])}
+
+    def __iter__(self) -> "Subscription":
+        return self
+
+    def __next__(self) -> dict:
+        return next(self._items)
+
+    def close(self) -> None:
+        """End the subscription (closes the Client)."""
+        self.client.close()

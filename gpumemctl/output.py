@@ -59,20 +59,55 @@ class Progress:
             if enabled is None else enabled
         self.start = time.monotonic()
         self.last = 0.0
+        self.drawn = False
 
-    def __call__(self, done: int, total: int = 0) -> None:
+    def __call__(self, done: int, total: int = 0, detail: str = "") -> None:
+        """`total`, when given, replaces the one known at the start; `detail` goes between
+        the label and the figures."""
         if not self.enabled:
             return
+        if total:
+            self.total = total
         now = time.monotonic()
         if now - self.last < 0.2 and done < self.total:
             return
         self.last = now
         rate = done / max(now - self.start, 1e-6)
         pct = f"{100 * done / self.total:5.1f}% " if self.total else ""
-        sys.stderr.write(f"\r{self.label}: {pct}{format_size(done)} at "
+        head = f"{self.label}: {detail}: " if detail else f"{self.label}: "
+        sys.stderr.write(f"\r{head}{pct}{format_size(done)} at "
                          f"{format_size(int(rate))}/s   ")
         sys.stderr.flush()
+        self.drawn = True
 
     def finish(self) -> None:
-        if self.enabled:
+        if self.enabled and self.drawn:
             sys.stderr.write("\n")
+
+
+class WorkProgress(Progress):
+    """The meter of a daemon-side long call (verify, recover): fed the daemon's progress
+    frames, {path, done_bytes, total_bytes, allocations_done, allocations}, it shows
+    "allocation i/n path: percent, bytes at bytes/s". Only when stderr is a TTY; when it
+    is not, `callback` is None and the CLI asks the daemon for no progress at all."""
+
+    def __init__(self, label: str, enabled: bool | None = None):
+        super().__init__(label, 0, sys.stderr.isatty() if enabled is None else enabled)
+
+    @property
+    def callback(self):
+        return self.frame if self.enabled else None
+
+    def frame(self, p: dict) -> None:
+        n = p.get("allocations") or 0
+        if not n:
+            return              # nothing to verify: nothing to show
+        i = min(p.get("allocations_done", 0) + 1, n)
+        detail = f"allocation {i}/{n} {p.get('path') or ''}".rstrip()
+        self(p.get("done_bytes", 0), p.get("total_bytes", 0), detail)
+
+    def finish(self) -> None:
+        """Erase the meter: the command's own summary follows (on stdout)."""
+        if self.enabled and self.drawn:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
