@@ -42,12 +42,9 @@ def notifications(app) -> list[str]:
     return [n.message for n in app._notifications]
 
 
-@pytest.fixture
-def live_app(daemon):
-    """An app on the test daemon, refreshing quickly."""
-    def make(**kw):
-        return make_app(daemon.socket, refresh_seconds=kw.pop("refresh_seconds", 0.3), **kw)
-    return make
+def live_app(daemon, **kw):
+    """An app on a test daemon, refreshing quickly."""
+    return make_app(daemon.socket, refresh_seconds=kw.pop("refresh_seconds", 0.3), **kw)
 
 
 class FrozenSource(DaemonSource):

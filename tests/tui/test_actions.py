@@ -11,7 +11,7 @@ from tui.screens.create import CreateScreen
 from tui.screens.not_running import NotRunningScreen
 from tui.screens.verify import VerifyScreen
 
-from .conftest import notifications, run_app, table_rows, until
+from .conftest import live_app, notifications, run_app, table_rows, until
 
 MiB = 1 << 20
 
@@ -32,12 +32,12 @@ async def select(pilot, app, name: str) -> None:
     await pilot.pause(0.1)
 
 
-def test_lists_navigates_filters_and_sorts(daemon, live_app):
+def test_lists_navigates_filters_and_sorts(daemon):
     make(daemon, "models/llama", "64M", "--durable")
     make(daemon, "models/mistral", "16M")
     make(daemon, "scratch/kv", "8M")
     make(daemon, "weights", "32M")
-    app = live_app()
+    app = live_app(daemon)
 
     async def scenario(pilot):
         await until(pilot, lambda: table_rows(app) == ["models/", "scratch/", "weights"],
@@ -60,8 +60,8 @@ def test_lists_navigates_filters_and_sorts(daemon, live_app):
     run_app(app, scenario)
 
 
-def test_live_updates_from_the_cli_and_holders(daemon, live_app):
-    app = live_app(refresh_seconds=30)      # only the subscription can make it show at once
+def test_live_updates_from_the_cli_and_holders(daemon):
+    app = live_app(daemon, refresh_seconds=30)      # only the subscription can make it show at once
 
     async def scenario(pilot):
         await until(pilot, lambda: app.snapshot is not None, what="the first snapshot")
@@ -77,8 +77,8 @@ def test_live_updates_from_the_cli_and_holders(daemon, live_app):
     run_app(app, scenario)
 
 
-def test_create_form_creates_and_rejects_bad_input(daemon, live_app):
-    app = live_app()
+def test_create_form_creates_and_rejects_bad_input(daemon):
+    app = live_app(daemon)
 
     async def scenario(pilot):
         await until(pilot, lambda: app.snapshot is not None)
@@ -101,9 +101,9 @@ def test_create_form_creates_and_rejects_bad_input(daemon, live_app):
     assert got["size"] == 3 * MiB and got["durable"] is True and got["mode"] == "0600"
 
 
-def test_durable_and_transient_keys(daemon, live_app):
+def test_durable_and_transient_keys(daemon):
     make(daemon, "a", "2M")
-    app = live_app()
+    app = live_app(daemon)
 
     async def scenario(pilot):
         await select(pilot, app, "a")
@@ -114,10 +114,10 @@ def test_durable_and_transient_keys(daemon, live_app):
     run_app(app, scenario)
 
 
-def test_delete_asks_first(daemon, live_app):
+def test_delete_asks_first(daemon):
     make(daemon, "keep", "2M", "--durable")
     make(daemon, "dir/inner", "2M")
-    app = live_app()
+    app = live_app(daemon)
 
     async def scenario(pilot):
         await select(pilot, app, "keep")
@@ -139,9 +139,9 @@ def test_delete_asks_first(daemon, live_app):
     run_app(app, scenario)
 
 
-def test_failed_actions_notify_and_the_app_survives(daemon, live_app):
+def test_failed_actions_notify_and_the_app_survives(daemon):
     make(daemon, "taken", "2M")
-    app = live_app()
+    app = live_app(daemon)
 
     async def scenario(pilot):
         await select(pilot, app, "taken")
@@ -166,24 +166,21 @@ def ecc_daemon(daemon_factory):
     return d
 
 
-def test_verify_with_progress_then_recover(ecc_daemon, live_app):
+def test_verify_with_progress_then_recover(ecc_daemon):
     d = ecc_daemon
-    make(d, "big", "96M", "--durable")
-    d.cli("write", "big", input=b"\x5a" * (96 * MiB), check=True)
-    app = live_app()
+    make(d, "big", "256M", "--durable")
+    d.cli("write", "big", input=b"\x5a" * (256 * MiB), check=True)
+    app = live_app(d)
     seen: list[dict] = []
 
     async def scenario(pilot):
         await select(pilot, app, "big")
-        real = app.on_verify_progress
-
-        def spy(message):
-            seen.append(message.progress)
-            real(message)
-        app.on_verify_progress = spy
         await pilot.press("v")
-        await until(pilot, lambda: isinstance(app.screen, VerifyScreen), timeout=5,
-                    what="the progress dialog")
+        await until(pilot, lambda: isinstance(app.screen, VerifyScreen)
+                    and app.screen.progress.get("done_bytes", 0) > 0, timeout=30,
+                    what="the progress dialog to show progress")
+        seen.append(app.screen.progress)
+        assert "big" in str(app.screen.query_one("#verify-status").render())
         await until(pilot, lambda: any(n.startswith("clean:") for n in notifications(app)),
                     timeout=60, what="the verify result")
         assert not isinstance(app.screen, VerifyScreen)
@@ -194,14 +191,14 @@ def test_verify_with_progress_then_recover(ecc_daemon, live_app):
                                        notifications(app)), timeout=60,
                     what="the recover result")
     run_app(app, scenario)
-    assert seen and seen[-1]["total_bytes"] >= 96 * MiB
+    assert seen[0]["total_bytes"] == 256 * MiB and seen[0]["path"] == "big"
     assert d.cli("read", "big", "--length", "4096", check=True).stdout == b"\x5a" * 4096
 
 
-def test_scrub_start_and_stop(ecc_daemon, live_app):
+def test_scrub_start_and_stop(ecc_daemon):
     d = ecc_daemon
     make(d, "s1", "256M")
-    app = live_app()
+    app = live_app(d)
 
     async def scenario(pilot):
         await until(pilot, lambda: app.snapshot is not None)
@@ -217,9 +214,9 @@ def test_scrub_start_and_stop(ecc_daemon, live_app):
     assert last["stopped"] is True
 
 
-def test_not_running_screen_then_reconnect(daemon, live_app):
+def test_not_running_screen_then_reconnect(daemon):
     make(daemon, "durable-one", "2M", "--durable")
-    app = live_app(refresh_seconds=0.2)
+    app = live_app(daemon, refresh_seconds=0.2)
 
     async def scenario(pilot):
         await until(pilot, lambda: "durable-one" in table_rows(app))

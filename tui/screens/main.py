@@ -58,3 +58,6 @@ class MainScreen(Screen):
         self.ready = True
         if self.app.snapshot is not None:     # it arrived before we were ready
             self.app.draw(self.app.snapshot)
+
+    def on_unmount(self) -> None:
+        self.ready = False                    # the app is closing: draw nothing more

@@ -23,6 +23,7 @@ class VerifyScreen(ModalScreen[None]):
         super().__init__()
         self.title_text = title
         self.started = time.monotonic()
+        self.progress: dict = {}        # the latest progress frame
 
     def compose(self):
         with Vertical(id="dialog", classes="verify"):
@@ -31,6 +32,7 @@ class VerifyScreen(ModalScreen[None]):
             yield Static("starting…", id="verify-status")
 
     def show(self, p: dict) -> None:
+        self.progress = p
         total, done = p.get("total_bytes") or 0, p.get("done_bytes") or 0
         self.query_one("#verify-bar", ProgressBar).update(total=max(total, 1), progress=done)
         rate = done / max(time.monotonic() - self.started, 1e-6)
