@@ -125,9 +125,9 @@ KEYS: tuple[Key, ...] = (
     Key("mount", "path", '"" (no mount)',
         'serve the allocations as a FUSE filesystem at this directory; "" for none',
         _path(empty_ok=True), "--mount"),
-    Key("socket", "path", "/run/gpumemd/gpumemd.sock (root), else "
+    Key("socket", "path", "$GPUMEMD_SOCKET, else /run/gpumemd/gpumemd.sock (root), else "
         "$XDG_RUNTIME_DIR/gpumemd.sock",
-        "the Unix socket gpumemctl and applications connect to ($GPUMEMD_SOCKET wins)",
+        "the Unix socket gpumemctl and applications connect to",
         _path(empty_ok=False), "--socket"),
     Key("state_dir", "path", "/var/lib/gpumemd (root), else $XDG_STATE_HOME/gpumemd",
         "registry, keeper socket and lock", _path(empty_ok=False), "--state-dir"),
@@ -232,6 +232,15 @@ def _suggest(name: str) -> str:
 def _show(value) -> str:
     text = repr(value) if not isinstance(value, dict) else "a table"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def markdown_table() -> str:
+    """KEYS as the Markdown table docs/config.md carries (a test keeps the two equal)."""
+    rows = ["| key | type | default | meaning | option |", "| --- | --- | --- | --- | --- |"]
+    for k in KEYS:
+        cells = (f"`{k.name}`", k.type, k.default, k.doc, f"`{k.option}`" if k.option else "")
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def apply(args, config: Config) -> None:
