@@ -38,3 +38,19 @@ def test_write_past_the_quota_is_edquot_and_keeps_the_data(mounted_factory, tmp_
     assert failure.value.errno == errno.EDQUOT
     assert os.stat(f).st_size == 4 * MiB
     assert d.cli_json("info", "f")["size"] == 4 * MiB
+
+
+def test_chown_to_a_uid_over_its_quota_is_edquot(mounted_factory, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    path = tmp_path / "gpumemd.toml"
+    path.write_text('[quotas]\n4242 = "2M"\n')
+    d = mounted_factory(extra_args=["--config", str(path)])
+    d.cli("create", "small", "--size", "2M", check=True)
+    d.cli("create", "big", "--size", "3M", check=True)
+    os.chown(os.path.join(d.mnt, "small"), 4242, -1)        # 2 MiB: exactly the quota
+    with pytest.raises(OSError) as failure:
+        os.chown(os.path.join(d.mnt, "big"), 4242, -1)
+    assert failure.value.errno == errno.EDQUOT
+    assert d.cli_json("info", "big")["uid"] == 0
+    assert d.cli_json("info", "small")["uid"] == 4242
