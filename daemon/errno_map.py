@@ -18,6 +18,7 @@ numbers differ between platforms), and that name wins:
 | setattr                     | chmod/chown/utimes by a non-owner   | PermissionDenied | EPERM     |
 | rename                      | into its own subtree                | UsageError       | EINVAL    |
 | write_at, resize            | device full                         | NoMemory         | ENOSPC    |
+| write_at, resize, chown     | over the owner's quota (quotas.py)  | QuotaExceeded    | EDQUOT    |
 
 EXDEV never arises: the namespace is one filesystem, so a rename across directories is always
 a move. Hard links are EPERM and symlinks ENOTSUP: the FUSE layer answers those itself.

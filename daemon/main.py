@@ -19,13 +19,13 @@ import sys
 import trio
 
 from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_state_dir
-from gpumemctl.protocol.sizes import parse_size
 
-from . import systemd
+from . import config, systemd
 from .backends import BackendUnavailable, choose_backend
 from .keeper_link import KeeperGone, open_keeper
 from .manager import AllocationManager
 from .mount import Mount, MountError
+from .quotas import Quotas
 from .scrub import Scrubber
 from .registry import GROUP_COMMIT_SECONDS, Registry
 from .server import VERSION, Server
@@ -38,9 +38,14 @@ class StartupError(Exception):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """Options left out are None here: config.apply() fills them from the configuration
+    file, then from the built-in defaults (the command line wins over the file)."""
     p = argparse.ArgumentParser(prog="gpumemd", description="Durable GPU memory daemon.")
-    p.add_argument("--backend", choices=("auto", "cuda", "host"), default="auto",
-                   help="memory backend (auto: cuda where usable, else host)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help=f"configuration file (TOML; default {config.default_path()} if it "
+                        f"exists; docs/config.md)")
+    p.add_argument("--backend", choices=("auto", "cuda", "host"), default=None,
+                   help="memory backend (auto: cuda where usable, else host; default auto)")
     p.add_argument("--socket", default=None, help=f"Unix socket (default {default_socket()})")
     p.add_argument("--state-dir", default=None,
                    help=f"registry and keeper socket (default {default_state_dir()})")
@@ -50,8 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="allow `gpumemctl debug corrupt` (root or this user; tests, drills)")
     p.add_argument("--host-capacity", default=None, metavar="SIZE",
                    help="bytes the host backend may hand out (default: half of RAM)")
-    p.add_argument("--log-level", default="info",
-                   choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-level", default=None,
+                   choices=("debug", "info", "warning", "error"), help="default info")
     p.add_argument("--version", action="version", version=f"gpumemd {VERSION}")
     return p.parse_args(argv)
 
@@ -175,13 +180,59 @@ async def run_daemon(manager: AllocationManager, server: Server,
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s gpumemd[%(process)d] %(levelname)s: %(message)s")
+    try:   # before anything is touched: a bad file changes nothing
+        config.apply(args, config.load(args.config))
+    except GpumemError as exc:
+        print(f"gpumemd: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level)
     try:
         return _main(args)
     except (StartupError, MountError, GpumemError) as exc:
         print(f"gpumemd: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
+
+
+# journald's priorities for Python's levels (sd-daemon(3): "<N>" prefixes on stderr lines).
+JOURNAL_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
+                    logging.CRITICAL: 2}
+
+
+class JournalFormatter(logging.Formatter):
+    """For stderr connected to journald: no timestamp (the journal adds its own, and a second
+    one only clutters `journalctl`), and the level as a "<N>" priority prefix, which journald
+    turns into the entry's PRIORITY (so `journalctl -p warning` works)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        prio = JOURNAL_PRIORITY.get(record.levelno, 6)
+        return "\n".join(f"<{prio}>{line}" for line in text.split("\n"))
+
+
+def stderr_is_journal() -> bool:
+    """$JOURNAL_STREAM is "DEVICE:INODE" of the stream systemd connected; it counts only if
+    stderr is still that stream (systemd.exec(5)): a shell redirect inherits the variable."""
+    value = os.environ.get("JOURNAL_STREAM", "")
+    try:
+        dev, ino = (int(x) for x in value.split(":"))
+        st = os.fstat(sys.stderr.fileno())
+    except (ValueError, OSError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+def setup_logging(level: str) -> None:
+    """One line per record on stderr. With a timestamp on a terminal or in a file; without,
+    and with priority prefixes, under journald."""
+    handler = logging.StreamHandler(sys.stderr)
+    if stderr_is_journal():
+        handler.setFormatter(JournalFormatter("%(levelname)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s gpumemd[%(process)d] %(levelname)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
 
 
 def _main(args) -> int:
@@ -190,9 +241,8 @@ def _main(args) -> int:
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     lock_fd = lock_state_dir(state_dir)
     claim_socket(socket_path)
-    limit = parse_size(args.host_capacity) if args.host_capacity else None
     try:
-        backend, why = choose_backend(args.backend, limit=limit)
+        backend, why = choose_backend(args.backend, limit=args.host_capacity)
     except BackendUnavailable as exc:
         raise StartupError(f"--backend {args.backend}: {exc}") from None
     log.info("backend %s chosen (%s)", backend.name, why)
@@ -201,13 +251,17 @@ def _main(args) -> int:
     backend.ecc_cache_dir = os.path.join(state_dir, "ecc-cache")   # compiled GPU kernels
     manager = AllocationManager(registry, backend, keeper)
     manager.fault_injection = args.enable_fault_injection
+    manager.default_ecc = args.ecc
+    manager.quotas = Quotas(manager, args.quotas)
+    if args.config_path:
+        log.info("configuration read from %s", args.config_path)
     summary = manager.start()
     log.info("registry loaded: %(adopted)d adopted, %(lost)d lost, %(orphans_freed)d orphans "
              "freed, %(transients_dropped)d stale transients dropped", summary)
     mount_path = os.path.abspath(args.mount) if args.mount else None
     server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path})
-    server.scrubber = Scrubber(manager)
+    server.scrubber = Scrubber(manager, default_rate=args.scrub_rate)
     mount = Mount(manager, mount_path) if mount_path else None
     try:
         if mount is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import json
 import logging
 import os
 import time
@@ -36,6 +37,7 @@ from .nodes import Allocation, Directory, Holder, Node
 from .ecc.layout import BLOCK
 from .parity import Parity, block_range, protected_blocks
 from .permissions import Credentials, R, W, X, may_remove_from, require, require_owner
+from .quotas import Quotas
 from .registry import ROOT_ID, Registry
 from .sessions import Session
 
@@ -64,6 +66,15 @@ NOW = "now"
 # The registry's `unsealed` column (registry.add_damage_table).
 SEALED, UNSEALED, WRITING = 0, 1, 2           # setattr(mtime_ns=NOW): utimensat's UTIME_NOW
 DAEMON = Credentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
+
+
+def _log_value(value) -> str:
+    """A value for a one-line log record: as it is when plain, JSON-quoted when it holds
+    whitespace other than spaces, or unprintable characters."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return json.dumps(text)
 
 
 def check_mode(mode: int) -> int:
@@ -99,6 +110,8 @@ class AllocationManager:
         self.watchers: list = []
         self.parity = Parity(backend)
         self.fault_injection = False         # gpumemd --enable-fault-injection
+        self.default_ecc = "rs"              # for creates that name none (config `ecc`)
+        self.quotas = Quotas(self)           # per-uid capacity limits (config [quotas])
 
     # =====================================================================================
     # start and stop
@@ -354,9 +367,12 @@ class AllocationManager:
             listener(node)
 
     def _publish(self, event: dict) -> None:
+        """Hand a committed event to the subscribers, and log it: exactly one line at info
+        per event-log entry (names may hold newlines: _log_value escapes them)."""
         who = f" uid={event['uid']} pid={event['pid']}" if event["uid"] is not None else ""
-        detail = " ".join(f"{k}={v}" for k, v in event["detail"].items())
-        log.info("event %s %s%s %s", event["kind"], event["path"] or "-", who, detail)
+        detail = " ".join(f"{k}={_log_value(v)}" for k, v in event["detail"].items())
+        log.info("event %s %s%s%s", event["kind"], _log_value(event["path"] or "-"), who,
+                 " " + detail if detail else "")
         for callback in list(self.subscribers):
             callback(event)
 
@@ -515,11 +531,13 @@ class AllocationManager:
         return describe(node)
 
     def create(self, path: str, cred: Credentials, *, size: int, durable: bool = False,
-               mode: int = DEFAULT_FILE_MODE, device: str | None = None, ecc: str = "rs",
-               exist_ok: bool = False, session: Session | None = None,
-               lease: bool = False) -> dict:
-        """Allocate. Missing parent directories are created (mode 0755), like `mkdir -p`."""
+               mode: int = DEFAULT_FILE_MODE, device: str | None = None,
+               ecc: str | None = None, exist_ok: bool = False,
+               session: Session | None = None, lease: bool = False) -> dict:
+        """Allocate. Missing parent directories are created (mode 0755), like `mkdir -p`.
+        `ecc` None: the daemon's default (the configuration's `ecc`)."""
         check_mode(mode)
+        ecc = self.default_ecc if ecc is None else ecc
         if ecc not in ECC_MODES:
             raise UsageError(f"invalid ECC mode {ecc!r}: expected one of {', '.join(ECC_MODES)}")
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
@@ -536,6 +554,7 @@ class AllocationManager:
         require(parent, cred, W | X, "create entries in")
         dev = self.backend.device(device)
         capacity = round_up(size, dev.granularity)
+        self.quotas.check(cred.uid, capacity)
         self.backend.check_free(dev, capacity + self.parity.extra(ecc, dev, capacity),
                                 requested=size)
         buf = self.backend.allocate(capacity, dev.uuid, label="/".join(parts))
@@ -749,7 +768,7 @@ class AllocationManager:
         with self._change(durable=False, batch=True):
             alloc = self._insert_node(Allocation, parent, name, cred, mode, size=0,
                                       capacity=None, device=None, durable=False,
-                                      state="pending", ecc="rs", parity_gen=0)
+                                      state="pending", ecc=self.default_ecc, parity_gen=0)
             self._event("create", alloc, cred, size=0, state="pending")
         return alloc
 
@@ -794,6 +813,8 @@ class AllocationManager:
         dev = self.backend.device(alloc.device)
         fit = max(dev.granularity, round_up(size, dev.granularity))
         capacity = max(fit, capacity or 0)
+        held = alloc.capacity if alloc.buffer is not None else 0
+        self.quotas.check(alloc.uid, capacity - held)
         old_size, fresh = alloc.size, alloc.state == "pending"
         if fresh:
             self._allocate_pending(alloc, cred, dev, size, capacity)
@@ -1178,6 +1199,8 @@ class AllocationManager:
                 raise PermissionDenied(f"permission denied: only root may change the owner "
                                        f"of '{node.path}'", details={"errno": "EPERM"})
             changes["uid"] = uid
+            if isinstance(node, Allocation) and node.buffer is not None:
+                self.quotas.check(uid, node.capacity)      # the new owner pays for it
         if gid is not None and gid != node.gid:
             if not (cred.is_root or (cred.uid == node.uid and cred.in_group(gid))):
                 raise PermissionDenied(f"permission denied: uid {cred.uid} may not give "

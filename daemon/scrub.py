@@ -11,6 +11,11 @@ about once a second: a daemon that is killed mid-scrub resumes at the allocation
 it had reached when it starts again. Counters: in total and per allocation, bytes and blocks
 scrubbed, duration, corrected and uncorrectable blocks, skipped blocks (unsealed, or
 written since their last sync). `gpumemctl scrub status` prints them (docs/ecc.md).
+`lifetime` adds up every scrub that ended (finished or stopped) since the registry was made:
+monotonic counters for `gpumemctl metrics` (docs/metrics.md).
+
+`default_rate` (the configuration's `scrub_rate`) applies to a scrub started without a rate;
+None (the default, or `scrub_rate = 0`) means the 10% duty cycle above.
 """
 from __future__ import annotations
 
@@ -38,8 +43,9 @@ def _zero() -> dict:
 
 
 class Scrubber:
-    def __init__(self, manager: AllocationManager):
+    def __init__(self, manager: AllocationManager, default_rate: int | None = None):
         self.m = manager
+        self.default_rate = default_rate
         self.state = self._load()
         self.wake = trio.Event()
         self._stop = False
@@ -49,9 +55,12 @@ class Scrubber:
         raw = self.m.registry.meta(META_KEY)
         if raw:
             try:
-                return json.loads(raw)
+                state = json.loads(raw)
             except ValueError:
-                log.warning("scrub state in the registry is unreadable; starting afresh")
+                state = None
+            if isinstance(state, dict):
+                return state
+            log.warning("scrub state in the registry is unreadable; starting afresh")
         return {"running": False, "last": None}
 
     def _save(self) -> None:
@@ -64,11 +73,13 @@ class Scrubber:
         if self.state.get("running"):
             raise InvalidState("a scrub is already running; `gpumemctl scrub status` shows "
                                "it, `gpumemctl scrub stop` stops it")
+        if rate is None:
+            rate = self.default_rate
         total = sum(a.size or 0 for a in self._targets())
         self.state = {"running": True, "rate": rate, "started_ns": time.time_ns(),
                       "position": {"id": 0, "block": 0}, "to_scrub": total,
                       "elapsed": 0.0, "totals": _zero(), "allocations": {},
-                      "last": self.state.get("last")}
+                      "last": self.state.get("last"), "lifetime": self.lifetime()}
         self._save()
         self._event("scrub", action="start", rate=rate, bytes=total)
         self.wake.set()
@@ -165,12 +176,21 @@ class Scrubber:
                 "seconds": wall, "busy_seconds": s["elapsed"], "totals": s["totals"],
                 "rate": s["totals"]["bytes"] / wall if wall > 0 else None,
                 "allocations": s["allocations"]}
-        self.state = {"running": False, "last": last}
+        lifetime = self.lifetime()
+        lifetime["runs"] += 1
+        for k in COUNTERS:
+            lifetime[k] += s["totals"][k]
+        self.state = {"running": False, "last": last, "lifetime": lifetime}
         self._stop = False
         self._save()
         t = s["totals"]
         self._event("scrub", action="stopped" if stopped else "finished",
                     **{k: t[k] for k in ("bytes", "corrected", "uncorrectable", "skipped")})
+
+    def lifetime(self) -> dict:
+        """Counters over every scrub that ended: runs, and COUNTERS summed."""
+        kept = self.state.get("lifetime") or {}
+        return {k: int(kept.get(k, 0)) for k in ("runs", *COUNTERS)}
 
     def _event(self, kind: str, **detail) -> None:
         self.m.note(kind, **detail)

@@ -191,7 +191,9 @@ class Server:
         return self.manager.create(
             _str(a, "path"), s.cred, size=_int(a, "size"), durable=_bool(a, "durable"),
             mode=_int(a, "mode", 0o600), device=None if device is None else str(device),
-            ecc=_str(a, "ecc", "rs"), exist_ok=_bool(a, "exist_ok"), session=s,
+            # No ecc: the daemon's default (config `ecc`); older clients always send one.
+            ecc=None if a.get("ecc") is None else _str(a, "ecc"),
+            exist_ok=_bool(a, "exist_ok"), session=s,
             lease=_bool(a, "lease")), []
 
     def op_mkdir(self, s: Session, a: dict):
@@ -298,18 +300,22 @@ class Server:
                                     _int(a, "length"), pattern, _bool(a, "parity")), []
 
     def _scrub_summary(self) -> dict:
-        """`status`'s scrub part: the running scrub's progress, or the last result."""
+        """`status`'s scrub part: the running scrub's progress, the last result (also while
+        one runs: alerts on it must not flap), and the counters over every scrub."""
         if self.scrubber is None:
             return {"state": "unavailable"}
         st = self.scrubber.status()
+        last = st.get("last")
+        common = {"last": None if not last else
+                  {k: last[k] for k in ("finished_ns", "stopped", "seconds", "totals")},
+                  "lifetime": self.scrubber.lifetime(),
+                  "default_rate": self.scrubber.default_rate}
         if st.get("running"):
             return {"state": "running", "progress": st["progress"], "totals": st["totals"],
                     "eta_seconds": st["eta_seconds"], "to_scrub": st["to_scrub"],
                     "rate_now": st["rate_now"], "rate_limit": st.get("rate"),
-                    "started_ns": st["started_ns"]}
-        last = st.get("last")
-        return {"state": "idle", "last": None if not last else
-                {k: last[k] for k in ("finished_ns", "stopped", "seconds", "totals")}}
+                    "started_ns": st["started_ns"], **common}
+        return {"state": "idle", **common}
 
     def op_scrub(self, s: Session, a: dict):
         """action: start (with an optional rate in bytes/s), stop, status."""
@@ -345,6 +351,9 @@ class Server:
             "devices": devices,
             "totals": m.totals(),
             "scrub": self._scrub_summary(),
+            # Per-uid limits and use (config [quotas]): all of them for root and the
+            # daemon's user, one's own for anyone else.
+            "quotas": m.quotas.report(None if self._privileged(s) else s.cred.uid),
         }, []
 
     async def op_devices(self, s: Session, a: dict):

@@ -135,7 +135,9 @@ def create(name: NameArg,
            device: Annotated[Optional[str], typer.Option("--device",
                                                          help="Device index or UUID.")] = None,
            mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")] = "0600",
-           ecc: Annotated[str, typer.Option("--ecc", help="rs or none.")] = "rs",
+           ecc: Annotated[Optional[str], typer.Option(
+               "--ecc", help="rs or none (default: the daemon's, rs unless configured).")]
+           = None,
            exist_ok: Annotated[bool, typer.Option(
                "--exist-ok", help="Succeed if it exists with this size.")] = False,
            json_: JsonOpt = False):
@@ -287,6 +289,28 @@ def status(json_: JsonOpt = False):
     output.data(f"totals:   {t['allocations']} allocations ({states}), {t['durable']} durable, "
                 f"{format_size(t['size'])} in use, {t['sessions']} sessions")
     output.data(f"scrub:    {s['scrub']['state']}")
+
+
+@command("metrics")
+def metrics(json_: JsonOpt = False):
+    """Prometheus text format for node_exporter's textfile collector (docs/metrics.md).
+
+    Built from one `status` request. When gpumemd is not running it prints `gpumemd_up 0`
+    and exits 3, so that the collector shows the daemon down rather than stale numbers."""
+    from . import metrics as prom
+    from .protocol import NotRunning
+    try:
+        with connect() as c:
+            families = prom.collect(c.status())
+        code = OK
+    except NotRunning as exc:
+        output.error(str(exc))
+        families, code = [prom.up_family(False)], exc.code
+    if want_json(json_):
+        output.emit_json([f.to_dict() for f in families])
+    else:
+        sys.stdout.write(prom.render(families))
+    return code
 
 
 # ---- GPU telemetry (fields: docs/telemetry.md; None is shown as n/a) ----------------------

@@ -174,11 +174,15 @@ class Client:
         return self.call("info", path=path)
 
     def create(self, path: str, size: int | str, *, durable: bool = False, mode: int = 0o600,
-               device: str | int | None = None, ecc: str = "rs", exist_ok: bool = False,
-               lease: bool = False) -> dict:
-        return self.call("create", path=path, size=parse_size(size), durable=durable,
-                         mode=mode, device=None if device is None else str(device), ecc=ecc,
-                         exist_ok=exist_ok, lease=lease)
+               device: str | int | None = None, ecc: str | None = None,
+               exist_ok: bool = False, lease: bool = False) -> dict:
+        """`ecc` None: the daemon's default (its configuration's `ecc`, else "rs")."""
+        args = {"path": path, "size": parse_size(size), "durable": durable, "mode": mode,
+                "device": None if device is None else str(device), "exist_ok": exist_ok,
+                "lease": lease}
+        if ecc is not None:
+            args["ecc"] = ecc
+        return self.call("create", **args)
 
     def mkdir(self, path: str, *, mode: int = 0o755, parents: bool = False) -> dict:
         return self.call("mkdir", path=path, mode=mode, parents=parents)

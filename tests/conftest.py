@@ -29,6 +29,7 @@ def _env(extra: dict | None = None) -> dict:
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     for var in ("NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "GPUMEMD_SOCKET"):
         env.pop(var, None)
+    env["GPUMEMD_CONFIG"] = ""     # hermetic: never the machine's /etc/gpumemd.toml
     env.update(extra or {})
     return env
 

@@ -28,7 +28,7 @@ ERROR_TABLE: dict[int, tuple[str, str]] = {
     NOT_FOUND: ("not_found", "no such allocation or directory"),
     EXISTS: ("exists", "an allocation or directory of that name exists"),
     PERMISSION: ("permission", "permission denied"),
-    NO_MEMORY: ("no_memory", "out of GPU (or host backend) memory"),
+    NO_MEMORY: ("no_memory", "out of GPU (or host backend) memory, or over a quota"),
     UNCORRECTABLE: ("uncorrectable", "uncorrectable damage found"),
     BUSY: ("busy", "busy or locked: held by another client"),
     INVALID_STATE: ("invalid_state", "invalid state for this operation (e.g. lost)"),

@@ -1,0 +1,266 @@
+"""gpumemd's configuration file (TOML): what each key means, and loading it.
+
+Where: `gpumemd --config FILE`; else `$GPUMEMD_CONFIG` (empty: no file); else
+`/etc/gpumemd.toml` for root, `$XDG_CONFIG_HOME/gpumemd.toml` (`~/.config/gpumemd.toml`)
+for anyone else, read only if it exists. A file named by --config or $GPUMEMD_CONFIG must
+exist. Command-line options override the file; the file overrides the built-in defaults.
+
+`KEYS` below is the one description of the keys: docs/config.md shows it, and the man page
+generator renders it into gpumemd.conf(5). Every problem with the file (unreadable, not
+TOML, an unknown key, a bad value) is a `ConfigError`: gpumemd prints it as one line and
+exits 2 before it touches anything (no state directory, socket or memory).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import pwd
+import re
+import tomllib
+from typing import Any, Callable
+
+from gpumemctl.protocol import UsageError, parse_size
+
+CONFIG_ENV = "GPUMEMD_CONFIG"
+BACKENDS = ("auto", "cuda", "host")
+ECC_MODES = ("rs", "none")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(UsageError):
+    """The configuration file cannot be used (exit 2, one line)."""
+
+
+# ---- value parsers: each takes the TOML value and returns the setting, or raises --------
+class BadValue(ValueError):
+    """`str()` says what is allowed. `where`/`value`: the exact place inside a table (such
+    as quotas.alice) and the value found there, when not the key itself."""
+
+    def __init__(self, message: str, where: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.where, self.value = where, value
+
+
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value):
+        if not isinstance(value, str) or value not in allowed:
+            raise BadValue(f"expected one of {', '.join(allowed)}")
+        return value
+    return parse
+
+
+def _path(empty_ok: bool) -> Callable[[Any], str | None]:
+    def parse(value):
+        if not isinstance(value, str):
+            raise BadValue("expected a string holding an absolute path")
+        if value == "" and empty_ok:
+            return None
+        if not value.startswith("/") or "\0" in value:
+            raise BadValue("expected an absolute path" + (' or "" for none' if empty_ok
+                                                          else ""))
+        return os.path.normpath(value)
+    return parse
+
+
+def _size(zero_ok: bool) -> Callable[[Any], int]:
+    def parse(value):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise BadValue('expected a size: a whole number of bytes or a string such as '
+                           '"64K", "200M", "1.5G", "2GB"')
+        try:
+            return parse_size(value, allow_zero=zero_ok)
+        except UsageError as exc:
+            raise BadValue(str(exc).removeprefix(f"invalid size {str(value)!r}: ")) from None
+    return parse
+
+
+def _uid(key: str) -> int | None:
+    """A [quotas] key: a uid written as a string ("1000"), or a user name; None if neither."""
+    if re.fullmatch(r"\d{1,10}", key) and int(key) < 2**32 - 1:
+        return int(key)
+    try:
+        return pwd.getpwnam(key).pw_uid
+    except KeyError:
+        return None
+
+
+def _quotas(value) -> dict[int, int]:
+    if not isinstance(value, dict):
+        raise BadValue('expected a table: [quotas] with lines such as 1000 = "16G" or '
+                       'alice = "512G"')
+    limits: dict[int, int] = {}
+    parse = _size(zero_ok=True)
+    for key, limit in value.items():
+        where = f"quotas.{key}"
+        uid = _uid(key)
+        if uid is None:
+            raise BadValue(f"{key!r} is neither a uid nor a user name on this machine",
+                           where, limit)
+        try:
+            size = parse(limit)
+        except BadValue as exc:
+            raise BadValue(str(exc), where, limit) from None
+        if uid in limits:
+            raise BadValue(f"uid {uid} has a quota twice (by number and by name)", where,
+                           limit)
+        limits[uid] = size
+    return limits
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    name: str
+    type: str                   # as the docs name it: string, path, size, table
+    default: str                # the default, as the docs show it
+    doc: str                    # one line
+    parse: Callable[[Any], Any] = dataclasses.field(repr=False, compare=False)
+    option: str | None = None   # the gpumemd option that overrides it
+
+
+KEYS: tuple[Key, ...] = (
+    Key("backend", "string", "auto",
+        "memory backend: auto (cuda where a GPU supports it, else host), cuda or host",
+        _choice(*BACKENDS), "--backend"),
+    Key("mount", "path", '"" (no mount)',
+        'serve the allocations as a FUSE filesystem at this directory; "" for none',
+        _path(empty_ok=True), "--mount"),
+    Key("socket", "path", "$GPUMEMD_SOCKET, else /run/gpumemd/gpumemd.sock (root), else "
+        "$XDG_RUNTIME_DIR/gpumemd.sock",
+        "the Unix socket gpumemctl and applications connect to",
+        _path(empty_ok=False), "--socket"),
+    Key("state_dir", "path", "/var/lib/gpumemd (root), else $XDG_STATE_HOME/gpumemd",
+        "registry, keeper socket and lock", _path(empty_ok=False), "--state-dir"),
+    Key("ecc", "string", "rs",
+        "ECC of allocations created without --ecc: rs (Reed-Solomon parity, +6.25%) or none",
+        _choice(*ECC_MODES)),
+    Key("scrub_rate", "size", "0 (10% duty cycle)",
+        'bytes/s a scrub started without --rate reads, e.g. "200M"; 0: at most 10% of the '
+        "time", _size(zero_ok=True)),
+    Key("host_capacity", "size", "half of RAM",
+        "bytes the host backend may hand out (ignored by the cuda backend)",
+        _size(zero_ok=False), "--host-capacity"),
+    Key("log_level", "string", "info", "debug, info, warning or error",
+        _choice(*LOG_LEVELS), "--log-level"),
+    Key("quotas", "table", "none",
+        'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
+        'alice = "512G"', _quotas),
+)
+KEY_NAMES = tuple(k.name for k in KEYS)
+_BY_NAME = {k.name: k for k in KEYS}
+
+
+@dataclasses.dataclass
+class Config:
+    """The settings the file gave; None where it said nothing (the default applies)."""
+    path: str | None = None
+    backend: str | None = None
+    mount: str | None = None
+    socket: str | None = None
+    state_dir: str | None = None
+    ecc: str | None = None
+    scrub_rate: int | None = None
+    host_capacity: int | None = None
+    log_level: str | None = None
+    quotas: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+def default_path() -> str:
+    if os.geteuid() == 0:
+        return "/etc/gpumemd.toml"
+    home = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return os.path.join(home, "gpumemd.toml")
+
+
+def find(explicit: str | None) -> tuple[str | None, bool]:
+    """(path, required): the file to read, and whether a missing one is an error."""
+    if explicit is not None:
+        return explicit, True
+    if CONFIG_ENV in os.environ:
+        env = os.environ[CONFIG_ENV]
+        return (env, True) if env else (None, False)
+    return default_path(), False
+
+
+def load(explicit: str | None = None) -> Config:
+    path, required = find(explicit)
+    if path is None:
+        return Config()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"{path}: no such configuration file") from None
+        return Config()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the configuration file: "
+                          f"{exc.strerror}") from None
+    return parse(raw, path)
+
+
+def parse(raw: bytes | str, path: str = "<config>") -> Config:
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        table = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib says "Expected '=' after a key in a key/value pair (at line 3, column 5)".
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    config = Config(path=path)
+    for name, value in table.items():
+        key = _BY_NAME.get(name)
+        if key is None:
+            raise ConfigError(f"{path}: unknown key {name!r}{_suggest(name)}; the keys are "
+                              f"{', '.join(KEY_NAMES)}")
+        try:
+            setattr(config, name, key.parse(value))
+        except BadValue as exc:
+            where, shown = (exc.where, exc.value) if exc.where else (name, value)
+            raise ConfigError(f"{path}: bad value for {where!r}: {_show(shown)}: "
+                              f"{exc}") from None
+    return config
+
+
+def _suggest(name: str) -> str:
+    close = difflib.get_close_matches(name.replace("-", "_").lower(), KEY_NAMES, n=1,
+                                      cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _show(value) -> str:
+    text = repr(value) if not isinstance(value, dict) else "a table"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def markdown_table() -> str:
+    """KEYS as the Markdown table docs/config.md carries (a test keeps the two equal)."""
+    rows = ["| key | type | default | meaning | option |", "| --- | --- | --- | --- | --- |"]
+    for k in KEYS:
+        cells = (f"`{k.name}`", k.type, k.default, k.doc, f"`{k.option}`" if k.option else "")
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def apply(args, config: Config) -> None:
+    """Fill the options not given on the command line (None) from the file, then the
+    built-in defaults where the file is silent too. Sizes stay strings on `args` where
+    they came from the command line; `args.host_capacity` is bytes or None after this."""
+    for key in KEYS:
+        if key.option is None:
+            continue
+        attr = key.name
+        if getattr(args, attr, None) is None:
+            setattr(args, attr, getattr(config, attr))
+    if args.backend is None:
+        args.backend = "auto"
+    if args.log_level is None:
+        args.log_level = "info"
+    if isinstance(args.host_capacity, str):
+        args.host_capacity = parse_size(args.host_capacity)
+    args.ecc = config.ecc or "rs"
+    args.scrub_rate = config.scrub_rate or None     # 0: the duty cycle (daemon/scrub.py)
+    args.quotas = dict(config.quotas)
+    args.config_path = config.path
+
