@@ -31,8 +31,18 @@ class Settings:
 
 # ---- shared option types (defined once, used by every command) ---------------------------
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout (for scripts).")]
-NameArg = Annotated[str, typer.Argument(help="Allocation name, e.g. models/llama.")]
-NamesArg = Annotated[list[str], typer.Argument(help="One or more allocation names.")]
+
+
+def complete_name(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """TAB on an allocation name: ask the daemon (gpumemctl/completion.py)."""
+    from .completion import allocation_names
+    return allocation_names(ctx.find_root().params.get("socket"), incomplete)
+
+
+NameArg = Annotated[str, typer.Argument(help="Allocation name, e.g. models/llama.",
+                                        autocompletion=complete_name)]
+NamesArg = Annotated[list[str], typer.Argument(help="One or more allocation names.",
+                                               autocompletion=complete_name)]
 OffsetOpt = Annotated[str, typer.Option("--offset", help="Byte offset (sizes like 4K work).")]
 
 
@@ -109,7 +119,8 @@ def _mode_string(e: dict) -> str:
 
 
 @command("ls")
-def ls(path: Annotated[str, typer.Argument(help="Directory or allocation.")] = "",
+def ls(path: Annotated[str, typer.Argument(help="Directory or allocation.",
+                                           autocompletion=complete_name)] = "",
        long: Annotated[bool, typer.Option("-l", "--long", help="Long listing.")] = False,
        recursive: Annotated[bool, typer.Option("-R", "--recursive")] = False,
        json_: JsonOpt = False):
@@ -453,7 +464,8 @@ def _verify_line(r: dict) -> str:
 
 @command("verify")
 def verify(names: Annotated[Optional[list[str]], typer.Argument(
-               help="Allocations or directories (everything under them).")] = None,
+               help="Allocations or directories (everything under them).",
+               autocompletion=complete_name)] = None,
            all_: Annotated[bool, typer.Option("--all", help="Every allocation you may read.")]
            = False,
            repair: Annotated[bool, typer.Option("--repair", help="Repair what ECC can.")]
@@ -681,6 +693,9 @@ def doctor(state_dir: Annotated[Optional[str], typer.Option(
 
 
 def main() -> None:
+    from .completion import requested, run
+    if requested():                 # started by a completion script (completions/)
+        sys.exit(run(requested()))
     app()
 
 
