@@ -37,13 +37,18 @@ class StartupError(Exception):
     """A reason not to start, shown as one line (exit 1, or 2 for usage)."""
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """gpumemd's options; also the source of the OPTIONS section of gpumemd(8)
+    (scripts/gen-man.py), so help texts say the rule, not this machine's value."""
     p = argparse.ArgumentParser(prog="gpumemd", description="Durable GPU memory daemon.")
     p.add_argument("--backend", choices=("auto", "cuda", "host"), default="auto",
                    help="memory backend (auto: cuda where usable, else host)")
-    p.add_argument("--socket", default=None, help=f"Unix socket (default {default_socket()})")
-    p.add_argument("--state-dir", default=None,
-                   help=f"registry and keeper socket (default {default_state_dir()})")
+    p.add_argument("--socket", default=None, metavar="PATH",
+                   help="Unix socket (default: $GPUMEMD_SOCKET, else /run/gpumemd/gpumemd.sock "
+                        "for root, else $XDG_RUNTIME_DIR/gpumemd.sock)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="registry and keeper socket (default: /var/lib/gpumemd for root, "
+                        "else $XDG_STATE_HOME/gpumemd)")
     p.add_argument("--mount", default=None, metavar="DIR",
                    help="serve the allocations as a filesystem at DIR (no mount by default)")
     p.add_argument("--enable-fault-injection", action="store_true",
@@ -51,9 +56,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host-capacity", default=None, metavar="SIZE",
                    help="bytes the host backend may hand out (default: half of RAM)")
     p.add_argument("--log-level", default="info",
-                   choices=("debug", "info", "warning", "error"))
+                   choices=("debug", "info", "warning", "error"), help="least severe to log")
     p.add_argument("--version", action="version", version=f"gpumemd {VERSION}")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def lock_state_dir(state_dir: str) -> int:

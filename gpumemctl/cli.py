@@ -122,7 +122,9 @@ def _mode_string(e: dict) -> str:
 def ls(path: Annotated[str, typer.Argument(help="Directory or allocation.",
                                            autocompletion=complete_name)] = "",
        long: Annotated[bool, typer.Option("-l", "--long", help="Long listing.")] = False,
-       recursive: Annotated[bool, typer.Option("-R", "--recursive")] = False,
+       recursive: Annotated[bool, typer.Option("-R", "--recursive",
+                                               help="List directories' contents too.")]
+       = False,
        json_: JsonOpt = False):
     """List allocations and directories."""
     with connect() as c:
@@ -165,8 +167,11 @@ def create(name: NameArg,
 
 @command("mkdir")
 def mkdir(name: NameArg,
-          parents: Annotated[bool, typer.Option("-p", "--parents")] = False,
-          mode: Annotated[str, typer.Option("--mode")] = "0755", json_: JsonOpt = False):
+          parents: Annotated[bool, typer.Option(
+              "-p", "--parents", help="Create missing parents; no error if it exists.")]
+          = False,
+          mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")] = "0755",
+          json_: JsonOpt = False):
     """Create a directory."""
     with connect() as c:
         info = c.mkdir(name, mode=parse_mode(mode), parents=parents)
@@ -193,7 +198,9 @@ def _each(names: list[str], action, json_: bool) -> int:
 
 @command("rm")
 def rm(names: NamesArg,
-       recursive: Annotated[bool, typer.Option("-r", "-R", "--recursive")] = False,
+       recursive: Annotated[bool, typer.Option("-r", "-R", "--recursive",
+                                               help="Remove directories and their contents.")]
+       = False,
        force: Annotated[bool, typer.Option(
            "-f", "--force", help="Remove even while held; memory goes with the last holder.")]
        = False,
