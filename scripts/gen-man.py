@@ -189,7 +189,8 @@ def exit_status_items() -> list[str]:
 def page_gpumemctl() -> str:
     click, root, ctx = _cli_tree()
     out = [title("gpumemctl", 1, "User Commands"),
-           section("NAME"), "gpumemctl \\- inspect and manage durable GPU memory served by gpumemd",
+           section("NAME"),
+           "gpumemctl \\- inspect and manage durable GPU memory served by gpumemd",
            section("SYNOPSIS"),
            f"{bold('gpumemctl')} [{bold('--socket')} {ital('PATH')}] [{bold('--json')}] "
            f"{ital('COMMAND')} [{ital('ARGS')}]",
