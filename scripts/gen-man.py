@@ -202,7 +202,8 @@ def page_gpumemctl() -> str:
                "and, optionally, as files in a FUSE mount."),
            ".PP",
            esc("Allocation names are paths such as models/llama: components of 1 to 255 bytes, "
-               "no NUL, neither a single nor a double dot, at most 4096 bytes in all. Sizes accept 4096, 64K, 64KiB, "
+               "no NUL, neither a single nor a double dot, at most 4096 bytes in all. "
+               "Sizes accept 4096, 64K, 64KiB, "
                "1.5G and 2GB: K, M, G, T and KiB to TiB are powers of 1024; kB, MB, GB and TB "
                "powers of 1000. The capacity the device holds is the size rounded up to its "
                "allocation granularity (2 MiB on an H100)."),
