@@ -6,7 +6,20 @@ GPUMEMD_ARGS ?=
 MOUNT ?= $(if $(filter 0,$(shell id -u)),/mnt/gpumem,$(or $(XDG_RUNTIME_DIR),/run/user/$(shell id -u))/gpumem)
 PYTEST_ARGS ?=
 
-.PHONY: run test bootstrap bench
+# `make install`: the files pip/pipx cannot put in standard places (docs/operations.md):
+# shell completions, man pages and systemd units. The programs themselves come from
+# `pipx install .` (or pip); BINDIR is where they are, written into the units' ExecStart.
+PREFIX ?= /usr/local
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
+SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+UNITS = gpumemd.service gpumemd-scrub.service gpumemd-scrub.timer
+
+.PHONY: run test bootstrap bench generated install uninstall
 
 bootstrap:
 	@VENV=$(VENV) sh scripts/bootstrap.sh
@@ -19,3 +32,27 @@ test: bootstrap
 
 bench: bootstrap
 	$(VENV)/bin/python bench/core.py
+
+# Completions and man pages are generated from the live command definitions (never edit
+# them); tests/ops/test_generated.py fails when the committed ones are stale.
+generated: bootstrap
+	$(VENV)/bin/python scripts/gen-completions.py completions
+	$(VENV)/bin/python scripts/gen-man.py man
+
+install:
+	install -D -m 644 completions/bash/gpumemctl $(DESTDIR)$(BASHCOMPDIR)/gpumemctl
+	install -D -m 644 completions/zsh/_gpumemctl $(DESTDIR)$(ZSHCOMPDIR)/_gpumemctl
+	install -D -m 644 completions/fish/gpumemctl.fish $(DESTDIR)$(FISHCOMPDIR)/gpumemctl.fish
+	install -D -m 644 man/gpumemctl.1 $(DESTDIR)$(MANDIR)/man1/gpumemctl.1
+	install -D -m 644 man/gpumemd.8 $(DESTDIR)$(MANDIR)/man8/gpumemd.8
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR)
+	for unit in $(UNITS); do \
+	    sed 's#/usr/bin/gpumem#$(BINDIR)/gpumem#g' systemd/$$unit \
+	        > $(DESTDIR)$(SYSTEMDUNITDIR)/$$unit && \
+	    chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/$$unit || exit 1; \
+	done
+
+uninstall:
+	rm -f $(DESTDIR)$(BASHCOMPDIR)/gpumemctl $(DESTDIR)$(ZSHCOMPDIR)/_gpumemctl \
+	    $(DESTDIR)$(FISHCOMPDIR)/gpumemctl.fish $(DESTDIR)$(MANDIR)/man1/gpumemctl.1 \
+	    $(DESTDIR)$(MANDIR)/man8/gpumemd.8 $(addprefix $(DESTDIR)$(SYSTEMDUNITDIR)/,$(UNITS))

@@ -37,18 +37,24 @@ class StartupError(Exception):
     """A reason not to start, shown as one line (exit 1, or 2 for usage)."""
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """Options left out are None here: config.apply() fills them from the configuration
-    file, then from the built-in defaults (the command line wins over the file)."""
+def build_parser() -> argparse.ArgumentParser:
+    """gpumemd's options; also the source of the OPTIONS section of gpumemd(8)
+    (scripts/gen-man.py), so help texts say the rule, not this machine's value. Options
+    left out are None: config.apply() fills them from the configuration file, then from
+    the built-in defaults (the command line wins over the file)."""
     p = argparse.ArgumentParser(prog="gpumemd", description="Durable GPU memory daemon.")
     p.add_argument("--config", default=None, metavar="FILE",
-                   help=f"configuration file (TOML; default {config.default_path()} if it "
-                        f"exists; docs/config.md)")
+                   help="configuration file (TOML; default: $GPUMEMD_CONFIG, else "
+                        "/etc/gpumemd.toml for root, else $XDG_CONFIG_HOME/gpumemd.toml, "
+                        "read if it exists; gpumemd.conf(5))")
     p.add_argument("--backend", choices=("auto", "cuda", "host"), default=None,
                    help="memory backend (auto: cuda where usable, else host; default auto)")
-    p.add_argument("--socket", default=None, help=f"Unix socket (default {default_socket()})")
-    p.add_argument("--state-dir", default=None,
-                   help=f"registry and keeper socket (default {default_state_dir()})")
+    p.add_argument("--socket", default=None, metavar="PATH",
+                   help="Unix socket (default: $GPUMEMD_SOCKET, else /run/gpumemd/gpumemd.sock "
+                        "for root, else $XDG_RUNTIME_DIR/gpumemd.sock)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="registry and keeper socket (default: /var/lib/gpumemd for root, "
+                        "else $XDG_STATE_HOME/gpumemd)")
     p.add_argument("--mount", default=None, metavar="DIR",
                    help="serve the allocations as a filesystem at DIR (no mount by default)")
     p.add_argument("--enable-fault-injection", action="store_true",
@@ -56,9 +62,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--host-capacity", default=None, metavar="SIZE",
                    help="bytes the host backend may hand out (default: half of RAM)")
     p.add_argument("--log-level", default=None,
-                   choices=("debug", "info", "warning", "error"), help="default info")
+                   choices=("debug", "info", "warning", "error"),
+                   help="least severe to log (default info)")
     p.add_argument("--version", action="version", version=f"gpumemd {VERSION}")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def lock_state_dir(state_dir: str) -> int:

@@ -31,8 +31,18 @@ class Settings:
 
 # ---- shared option types (defined once, used by every command) ---------------------------
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout (for scripts).")]
-NameArg = Annotated[str, typer.Argument(help="Allocation name, e.g. models/llama.")]
-NamesArg = Annotated[list[str], typer.Argument(help="One or more allocation names.")]
+
+
+def complete_name(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
+    """TAB on an allocation name: ask the daemon (gpumemctl/completion.py)."""
+    from .completion import allocation_names
+    return allocation_names(ctx.find_root().params.get("socket"), incomplete)
+
+
+NameArg = Annotated[str, typer.Argument(help="Allocation name, e.g. models/llama.",
+                                        autocompletion=complete_name)]
+NamesArg = Annotated[list[str], typer.Argument(help="One or more allocation names.",
+                                               autocompletion=complete_name)]
 OffsetOpt = Annotated[str, typer.Option("--offset", help="Byte offset (sizes like 4K work).")]
 
 
@@ -109,9 +119,12 @@ def _mode_string(e: dict) -> str:
 
 
 @command("ls")
-def ls(path: Annotated[str, typer.Argument(help="Directory or allocation.")] = "",
+def ls(path: Annotated[str, typer.Argument(help="Directory or allocation.",
+                                           autocompletion=complete_name)] = "",
        long: Annotated[bool, typer.Option("-l", "--long", help="Long listing.")] = False,
-       recursive: Annotated[bool, typer.Option("-R", "--recursive")] = False,
+       recursive: Annotated[bool, typer.Option("-R", "--recursive",
+                                               help="List directories' contents too.")]
+       = False,
        json_: JsonOpt = False):
     """List allocations and directories."""
     with connect() as c:
@@ -156,8 +169,11 @@ def create(name: NameArg,
 
 @command("mkdir")
 def mkdir(name: NameArg,
-          parents: Annotated[bool, typer.Option("-p", "--parents")] = False,
-          mode: Annotated[str, typer.Option("--mode")] = "0755", json_: JsonOpt = False):
+          parents: Annotated[bool, typer.Option(
+              "-p", "--parents", help="Create missing parents; no error if it exists.")]
+          = False,
+          mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")] = "0755",
+          json_: JsonOpt = False):
     """Create a directory."""
     with connect() as c:
         info = c.mkdir(name, mode=parse_mode(mode), parents=parents)
@@ -184,7 +200,9 @@ def _each(names: list[str], action, json_: bool) -> int:
 
 @command("rm")
 def rm(names: NamesArg,
-       recursive: Annotated[bool, typer.Option("-r", "-R", "--recursive")] = False,
+       recursive: Annotated[bool, typer.Option("-r", "-R", "--recursive",
+                                               help="Remove directories and their contents.")]
+       = False,
        force: Annotated[bool, typer.Option(
            "-f", "--force", help="Remove even while held; memory goes with the last holder.")]
        = False,
@@ -477,7 +495,8 @@ def _verify_line(r: dict) -> str:
 
 @command("verify")
 def verify(names: Annotated[Optional[list[str]], typer.Argument(
-               help="Allocations or directories (everything under them).")] = None,
+               help="Allocations or directories (everything under them).",
+               autocompletion=complete_name)] = None,
            all_: Annotated[bool, typer.Option("--all", help="Every allocation you may read.")]
            = False,
            repair: Annotated[bool, typer.Option("--repair", help="Repair what ECC can.")]
@@ -741,6 +760,9 @@ def doctor(state_dir: Annotated[Optional[str], typer.Option(
 
 
 def main() -> None:
+    from .completion import requested, run
+    if requested():                 # started by a completion script (completions/)
+        sys.exit(run(requested()))
     app()
 
 
