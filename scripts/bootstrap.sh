@@ -19,6 +19,7 @@ command -v zsh >/dev/null 2>&1 || need="$need zsh"
 command -v fish >/dev/null 2>&1 || need="$need fish"
 command -v mandoc >/dev/null 2>&1 || need="$need mandoc"
 command -v systemd-analyze >/dev/null 2>&1 || need="$need systemd"
+command -v tmux >/dev/null 2>&1 || need="$need tmux"             # the `gpumemctl top` smoke test
 if [ -n "$need" ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: missing system packages:$need; run: sudo apt-get install -y$need" >&2

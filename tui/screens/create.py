@@ -45,7 +45,8 @@ class CreateScreen(ModalScreen[dict | None]):
             with Horizontal(classes="field"):
                 yield Label("name", classes="field-label")
                 yield Input(value=self.directory + "/" if self.directory else "",
-                            placeholder="models/llama", id="name")
+                            placeholder="models/llama", id="name",
+                            select_on_focus=False)      # type after the directory
             with Horizontal(classes="field"):
                 yield Label("size", classes="field-label")
                 yield Input(placeholder="64M, 1.5G, 2GB, 4096", id="size")
