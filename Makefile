@@ -45,6 +45,7 @@ install:
 	install -D -m 644 completions/fish/gpumemctl.fish $(DESTDIR)$(FISHCOMPDIR)/gpumemctl.fish
 	install -D -m 644 man/gpumemctl.1 $(DESTDIR)$(MANDIR)/man1/gpumemctl.1
 	install -D -m 644 man/gpumemd.8 $(DESTDIR)$(MANDIR)/man8/gpumemd.8
+	install -D -m 644 man/gpumemd.conf.5 $(DESTDIR)$(MANDIR)/man5/gpumemd.conf.5
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR)
 	for unit in $(UNITS); do \
 	    sed 's#/usr/bin/gpumem#$(BINDIR)/gpumem#g' systemd/$$unit \
@@ -55,4 +56,5 @@ install:
 uninstall:
 	rm -f $(DESTDIR)$(BASHCOMPDIR)/gpumemctl $(DESTDIR)$(ZSHCOMPDIR)/_gpumemctl \
 	    $(DESTDIR)$(FISHCOMPDIR)/gpumemctl.fish $(DESTDIR)$(MANDIR)/man1/gpumemctl.1 \
-	    $(DESTDIR)$(MANDIR)/man8/gpumemd.8 $(addprefix $(DESTDIR)$(SYSTEMDUNITDIR)/,$(UNITS))
+	    $(DESTDIR)$(MANDIR)/man8/gpumemd.8 $(DESTDIR)$(MANDIR)/man5/gpumemd.conf.5 \
+	    $(addprefix $(DESTDIR)$(SYSTEMDUNITDIR)/,$(UNITS))

@@ -6,10 +6,11 @@
 - gpumemctl.1: every command, argument and option, walked from the click command tree that
   typer builds (typer.main.get_command), and EXIT STATUS from ERROR_TABLE
   (gpumemctl/protocol/errors.py);
-- gpumemd.8: OPTIONS from gpumemd's argparse parser (daemon.main.build_parser).
+- gpumemd.8: OPTIONS from gpumemd's argparse parser (daemon.main.build_parser);
+- gpumemd.conf.5: KEYS walked from daemon.config.KEYS (type, default, meaning, option), and
+  the error lines quoted from daemon.config.parse itself.
 
-A page is one function returning roff text, registered in PAGES; adding gpumemd.conf.5 is one
-more function (it would walk the config module's key table) and one more PAGES entry.
+A page is one function returning roff text, registered in PAGES.
 tests/ops/test_generated.py regenerates into a temporary directory and fails on any
 difference from what is committed, and lints every page with mandoc/groff.
 """
@@ -367,6 +368,9 @@ def page_gpumemd() -> str:
                    esc("Set by systemd: sd_notify and the fd store (SYSTEMD).")),
             section("FILES"),
             tagged(ital("/run/gpumemd/gpumemd.sock"), esc("The socket (root).")),
+            tagged(ital("/etc/gpumemd.toml"),
+                   esc("The configuration file (root; others: $XDG_CONFIG_HOME/gpumemd.toml), "
+                       "gpumemd.conf(5).")),
             tagged(ital("/var/lib/gpumemd/registry.sqlite"),
                    esc("The registry (SQLite, WAL): allocations, directories, holders, events.")),
             tagged(ital("/var/lib/gpumemd/keeper.sock"), esc("The keeper's socket; also "
@@ -378,12 +382,199 @@ def page_gpumemd() -> str:
             esc("0 after a clean stop; 1 when it cannot start (another daemon serves the socket "
                 "or state directory, no usable backend, the mount fails); 2 on a usage error."),
             section("SEE ALSO"),
-            "gpumemctl(1), systemd.service(5), systemd.exec(5), fuse(8)"]
+            "gpumemctl(1), gpumemd.conf(5), systemd.service(5), systemd.exec(5), fuse(8)"]
     return "\n".join(out) + "\n"
 
 
-# name -> function returning the page's roff text. gpumemd.conf.5 goes here when written.
-PAGES = {"gpumemctl.1": page_gpumemctl, "gpumemd.8": page_gpumemd}
+# ---- gpumemd.conf.5 --------------------------------------------------------------------------
+# What each type in config.KEYS means, in words. The generator stops on a key whose type is not
+# here, so a new type gets its explanation before it gets a page.
+CONF_TYPES = {
+    "string": "one of the words listed for the key, in quotes",
+    "path": "an absolute path, in quotes; it is normalised (no trailing slash, no /./)",
+    "size": "a whole number of bytes, or a string with a unit: \"64K\", \"200M\", \"1.5G\", "
+            "\"2GB\" (K, M, G, T and KiB to TiB are powers of 1024; kB, MB, GB and TB powers "
+            "of 1000)",
+    "table": "a TOML table of its own, [NAME], with one line per entry",
+}
+
+# Written text that a key's one-line doc in config.KEYS cannot carry: shown as a second
+# paragraph under the key. Keys named here must exist (the generator checks).
+CONF_NOTES = {
+    "ecc": "The daemon's default only: gpumemctl create --ecc, or a client that sends an ECC "
+           "mode, gets what it asked for. Files created in the mount get this one.",
+    "scrub_rate": "With a rate the scrubber sleeps after each piece so as to stay under it; "
+                  "with 0 it sleeps nine times as long as each piece took. gpumemctl scrub "
+                  "--rate still wins for that one scrub; gpumemctl status --json shows this "
+                  "value as scrub.default_rate (null for the duty cycle).",
+    "log_level": "The least severe level logged, to stderr. Every event-log entry (gpumemctl "
+                 "events) is one line at info. Under systemd, when stderr is the journal, "
+                 "lines carry a <N> priority prefix instead of a timestamp, so journalctl -p "
+                 "filters by level.",
+    "quotas": "Each key is a uid, written as a string (\"1000\"), or a user name looked up "
+              "when gpumemd starts; each value a size, 0 allowed. See QUOTAS.",
+}
+
+# The daemon's own words for the errors DESCRIPTION shows: each file text is run through
+# config.parse, so the page quotes what gpumemd really prints.
+CONF_ERROR_SAMPLES = ['sokcet = "/run/gpumemd/gpumemd.sock"\n', 'ecc = "fancy"\n']
+
+# The EXAMPLE section: a complete file, every key set. tests/ops/test_generated.py reads it
+# back out of the page and loads it with daemon.config.
+CONF_EXAMPLE = [
+    "# /etc/gpumemd.toml",
+    'backend = "auto"                 # or "cuda", "host"',
+    'mount = "/mnt/gpumem"            # "" or leave out: no mount',
+    'socket = "/run/gpumemd/gpumemd.sock"',
+    'state_dir = "/var/lib/gpumemd"',
+    'ecc = "rs"                       # what gpumemctl create gets without --ecc',
+    'scrub_rate = "2G"                # a scrub without --rate reads at most 2 GiB/s',
+    'host_capacity = "64G"            # the host backend only',
+    'log_level = "info"',
+    "",
+    "[quotas]                         # per-user limits on capacity (not parity)",
+    '1000 = "16G"                     # a uid, written as a key',
+    '1001 = "512G"                    # or a user name: alice = "512G"',
+]
+
+
+def _lower_first(doc: str) -> bool:
+    """Whether a key's doc starts with a literal value (debug, rs, ...) that must keep its
+    case; otherwise the page capitalises it as a sentence."""
+    from daemon import config
+    first = re.split(r"[\s,:;]", doc, maxsplit=1)[0]
+    return first in config.BACKENDS + config.ECC_MODES + config.LOG_LEVELS
+
+
+def _conf_key_items() -> list[str]:
+    from daemon import config
+    unknown = set(CONF_NOTES) - set(config.KEY_NAMES)
+    if unknown:
+        raise SystemExit(f"gen-man.py: CONF_NOTES names keys config.KEYS lacks: {unknown}")
+    out = []
+    for key in config.KEYS:
+        if key.type not in CONF_TYPES:
+            raise SystemExit(f"gen-man.py: key {key.name}: type {key.type!r} is not in "
+                             f"CONF_TYPES; explain it there")
+        doc = key.doc if _lower_first(key.doc) else key.doc[:1].upper() + key.doc[1:]
+        body = [esc(doc.rstrip(".") + "."),
+                ".br",
+                esc(f"Default: {key.default}."),
+                ".br",
+                (f"Option: {bold(key.option)} (given, it wins over this key)." if key.option
+                 else esc("Option: none; only this file sets it."))]
+        if key.name in CONF_NOTES:
+            body += [".IP", esc(CONF_NOTES[key.name])]
+        out.append(tagged(f"{bold(key.name)} = {ital(key.type)}", "\n".join(body)))
+    return out
+
+
+def _conf_error_lines() -> list[str]:
+    from daemon import config
+    lines = []
+    for text in CONF_ERROR_SAMPLES:
+        try:
+            config.parse(text, "/etc/gpumemd.toml")
+        except config.ConfigError as exc:
+            lines.append(f"gpumemd: {exc}")
+        else:
+            raise SystemExit(f"gen-man.py: CONF_ERROR_SAMPLES: {text!r} is a valid file")
+    return lines
+
+
+def page_gpumemd_conf() -> str:
+    from daemon import config
+    from gpumemctl.protocol.errors import NO_MEMORY, USAGE
+    types = [tagged(ital(name), esc(text[:1].upper() + text[1:] + "."))
+             for name, text in CONF_TYPES.items()
+             if any(k.type == name for k in config.KEYS)]
+    out = [title("gpumemd.conf", 5, "File Formats Manual"),
+           section("NAME"),
+           "gpumemd.conf \\- gpumemd configuration file",
+           section("SYNOPSIS"),
+           ital("/etc/gpumemd.toml"), ".br",
+           ital("$XDG_CONFIG_HOME/gpumemd.toml"), ".br",
+           ital(f"${config.CONFIG_ENV}"), ".br",
+           f"{bold('gpumemd')} {bold('--config')} {ital('FILE')}",
+           section("DESCRIPTION"),
+           esc("gpumemd(8) reads its settings from one file in TOML (https://toml.io) at "
+               "start. It looks for it in this order:"),
+           tagged(esc("1."), esc("gpumemd --config FILE, if given; the file must exist.")),
+           tagged(esc("2."), esc(f"Else ${config.CONFIG_ENV}, if set; the file must exist. "
+                                 f"Set it empty to read no file at all.")),
+           tagged(esc("3."), esc("Else /etc/gpumemd.toml when gpumemd runs as root, "
+                                 "$XDG_CONFIG_HOME/gpumemd.toml (~/.config/gpumemd.toml) for "
+                                 "anyone else; read only if it exists.")),
+           ".PP",
+           esc("Every key is optional. Command-line options win over the file, and the file "
+               "wins over the built-in defaults. The log says configuration read from FILE "
+               "when a file was used. The file is read once, at start: change it and restart "
+               "gpumemd (durable memory survives the restart)."),
+           ".PP",
+           esc(f"A problem with the file stops gpumemd before it creates the state directory, "
+               f"takes the socket or touches any memory: one line on stderr and exit status "
+               f"{USAGE}. The problems are: a file that cannot be read, or that --config or "
+               f"${config.CONFIG_ENV} names and that does not exist; text that is not UTF-8 or "
+               f"not valid TOML (the line says where); an unknown key (the line suggests the "
+               f"nearest one and lists them all); and a bad value (the line names the key, "
+               f"the value and what is allowed). For example:"),
+           example(_conf_error_lines()),
+           section("KEYS"),
+           esc("Each key below is shown with its type:"),
+           *types,
+           ".PP",
+           esc("The keys:"),
+           *_conf_key_items(),
+           section("QUOTAS"),
+           esc("[quotas] limits, per uid, the sum of the capacity of the allocations the uid "
+               "owns: the size rounded up to the device's allocation granularity, the memory "
+               "a GPU really holds. Not counted: ECC parity (6.25% more with ecc = \"rs\": "
+               "the daemon's overhead, not the user's choice), pending allocations (no memory "
+               "yet), lost ones (their memory is gone), and allocations removed while still "
+               "open (their memory goes with the last close)."),
+           ".PP",
+           esc("The limit is checked at every step that takes capacity for an owner: create, "
+               "a resize (truncate, or setfattr -n user.gpu.size in the mount), a write "
+               "through the mount that grows a file, and a chown by root that gives an "
+               "allocation to a uid with a quota."),
+           ".PP",
+           esc(f"Over the limit, the request fails with exit status {NO_MEMORY} "
+               f"({ERROR_TABLE[NO_MEMORY][0]}, the out-of-memory class, so scripts need "
+               f"nothing new) and one line such as:"),
+           example(["gpumemctl: error: quota exceeded for uid 1000: 16 GiB quota, "
+                    "15.5 GiB used, 1 GiB requested"]),
+           ".PP",
+           esc("In the mount the same failure is EDQUOT (Disk quota exceeded); what was "
+               "written before stays, and the file keeps its size."),
+           ".PP",
+           esc("Root is not exempt: a quota for uid 0 (or root) applies to root like to anyone "
+               "else. Leave uid 0 out of [quotas] to exempt it. A uid already over a new, lower "
+               "quota keeps what it has and cannot grow."),
+           ".PP",
+           esc("gpumemctl status --json lists quotas as [{uid, quota, used}]: all of them for "
+               "root and for gpumemd's own user, one's own for anyone else. The metrics "
+               "gpumemd_quota_bytes{uid} and gpumemd_quota_used_bytes{uid} carry the same."),
+           section("EXAMPLE"),
+           esc("A complete file, every key set:"),
+           example(CONF_EXAMPLE),
+           section("ENVIRONMENT"),
+           tagged(bold(config.CONFIG_ENV),
+                  esc("The file to read when --config is not given; empty: no file.")),
+           tagged(bold("XDG_CONFIG_HOME"),
+                  esc("Where the file is for users other than root (~/.config when unset).")),
+           section("FILES"),
+           tagged(ital("/etc/gpumemd.toml"), esc("The file, when gpumemd runs as root.")),
+           tagged(ital("$XDG_CONFIG_HOME/gpumemd.toml"),
+                  esc("The file, for anyone else (~/.config/gpumemd.toml when XDG_CONFIG_HOME "
+                      "is unset).")),
+           section("SEE ALSO"),
+           "gpumemd(8), gpumemctl(1)"]
+    return "\n".join(out) + "\n"
+
+
+# name -> function returning the page's roff text.
+PAGES = {"gpumemctl.1": page_gpumemctl, "gpumemd.8": page_gpumemd,
+         "gpumemd.conf.5": page_gpumemd_conf}
 
 
 def main(argv: list[str]) -> int:

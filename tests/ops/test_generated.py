@@ -15,7 +15,7 @@ import pytest
 from gpumemctl.protocol.errors import ERROR_TABLE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MAN_PAGES = ["gpumemctl.1", "gpumemd.8"]
+MAN_PAGES = ["gpumemctl.1", "gpumemd.8", "gpumemd.conf.5"]
 UNITS = ["gpumemd.service", "gpumemd-scrub.service", "gpumemd-scrub.timer"]
 
 
@@ -66,7 +66,7 @@ def test_man_page_lints_clean(page):
 
 
 def _section(text: str, name: str) -> str:
-    match = re.search(rf"^\.SH {name}\n(.*?)(?=^\.SH )", text, re.S | re.M)
+    match = re.search(rf"^\.SH {name}\n(.*?)(?=^\.SH |\Z)", text, re.S | re.M)
     assert match, f"no {name} section"
     return match.group(1)
 
@@ -98,6 +98,55 @@ def test_gpumemd_man_page_has_every_option():
             assert "\\fB" + roff + "\\fR" in options, opt
     for name in ("SIGNALS", "DURABILITY", "THE KEEPER", "SYSTEMD"):
         _section(text, name)
+    assert "gpumemd.conf(5)" in _section(text, "SEE ALSO")
+    assert "gpumemd.conf(5)" in options          # the --config option's text
+
+
+def _unroff(text: str) -> str:
+    """The plain text of no-fill roff lines as gen-man.py writes them."""
+    text = re.sub(r"\\f[BIR]", "", text)
+    return text.replace("\\&", "").replace("\\-", "-").replace("\\e", "\\")
+
+
+def test_config_man_page_has_every_key_and_section():
+    from daemon import config
+    text = open(os.path.join(ROOT, "man", "gpumemd.conf.5")).read()
+    assert re.search(r"^\.TH GPUMEMD\.CONF 5 ", text, re.M)
+    for name in ("NAME", "SYNOPSIS", "DESCRIPTION", "KEYS", "QUOTAS", "EXAMPLE", "FILES"):
+        _section(text, name)
+    synopsis = _unroff(_section(text, "SYNOPSIS"))
+    for where in ("/etc/gpumemd.toml", "$XDG_CONFIG_HOME/gpumemd.toml", "$GPUMEMD_CONFIG",
+                  "gpumemd --config FILE"):
+        assert where in synopsis, where
+    keys = _section(text, "KEYS")
+    for key in config.KEYS:
+        # the tag: name and type, then its default and the option that overrides it
+        match = re.search(rf"^\.TP\n\\fB{re.escape(key.name)}\\fR = \\fI{key.type}\\fR\n"
+                          rf"(.*?)(?=^\.TP|\Z)", keys, re.M | re.S)
+        assert match, f"key {key.name} missing from KEYS"
+        body = " ".join(_unroff(match.group(1)).split())
+        assert f"Default: {' '.join(key.default.split())}." in body, key.name
+        assert (f"Option: {key.option} " in body) if key.option else "Option: none" in body
+    quotas = _unroff(_section(text, "QUOTAS"))
+    assert "exit status 7" in quotas and "EDQUOT" in quotas
+    assert "Root is not exempt" in quotas
+    see_also = _section(text, "SEE ALSO")
+    assert "gpumemd(8)" in see_also and "gpumemctl(1)" in see_also
+
+
+def test_config_man_page_example_is_a_valid_config_file(tmp_path):
+    from daemon import config
+    text = open(os.path.join(ROOT, "man", "gpumemd.conf.5")).read()
+    block = re.search(r"^\.nf\n\.RS 4\n(.*?)^\.RE\n\.fi", _section(text, "EXAMPLE"),
+                      re.M | re.S)
+    assert block, "no example block in EXAMPLE"
+    path = tmp_path / "gpumemd.toml"
+    path.write_text(_unroff(block.group(1)))
+    loaded = config.load(str(path))             # raises ConfigError on any problem
+    assert loaded.path == str(path)
+    # a complete file: every key of the table is set
+    unset = [k.name for k in config.KEYS if getattr(loaded, k.name) in (None, {}, [])]
+    assert not unset, f"the EXAMPLE leaves out {unset}"
 
 
 def _systemd_version() -> int:
@@ -159,7 +208,8 @@ def test_make_install_puts_files_in_the_standard_places(tmp_path):
               "usr/share/fish/vendor_completions.d/gpumemctl.fish":
                   "completions/fish/gpumemctl.fish",
               "usr/share/man/man1/gpumemctl.1": "man/gpumemctl.1",
-              "usr/share/man/man8/gpumemd.8": "man/gpumemd.8"}
+              "usr/share/man/man8/gpumemd.8": "man/gpumemd.8",
+              "usr/share/man/man5/gpumemd.conf.5": "man/gpumemd.conf.5"}
     for installed, source in expect.items():
         assert filecmp.cmp(dest / installed, os.path.join(ROOT, source), shallow=False)
     unit = (dest / "usr/lib/systemd/system/gpumemd.service").read_text()
