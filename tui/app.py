@@ -377,11 +377,11 @@ def banner(snap: Snapshot) -> Text:
     keeper = (f"keeper {'alive' if k.get('alive') else 'DOWN'} {k.get('fds', 0)} fds"
               if k else "keeper ?")
     return Text.assemble(
-        (f"gpumemd {d.get('version', '?')}", "bold"),
-        f"   {d.get('backend', '?')} backend  pid {d.get('pid', '?')}  up "
+        (f"gpumemd {d.get('version', '?')}   ", "bold"),
+        f"{d.get('backend', '?')} backend  pid {d.get('pid', '?')}  up "
         f"{duration_text(d.get('uptime_s'))}  ",
-        (f"{t.get('allocations', 0)} allocations", "bold"),
-        f" ({t.get('durable', 0)} durable) {format_size(t.get('capacity', 0))}  "
+        (f"{t.get('allocations', 0)} allocations ", "bold"),
+        f"({t.get('durable', 0)} durable) {format_size(t.get('capacity', 0))}  "
         f"{t.get('holders', 0)} holders  {keeper}  refresh {snap.fetched_ms:.0f} ms")
 
 

@@ -56,8 +56,9 @@ class MainScreen(Screen):
         self.query_one("#events").border_title = "events"
         self.query_one("#alloc-table").focus()
         self.ready = True
-        if self.app.snapshot is not None:     # it arrived before we were ready
-            self.app.draw(self.app.snapshot)
+        if self.app.snapshot is not None:     # it arrived before we were ready; draw
+            # once the screen runs, so the panels' messages (the selection) are delivered
+            self.call_after_refresh(self.app.draw, self.app.snapshot)
 
     def on_unmount(self) -> None:
         self.ready = False                    # the app is closing: draw nothing more

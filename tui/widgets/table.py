@@ -81,7 +81,9 @@ class Table(ScrollView, can_focus=True):
                     widths[i] = len(cell)
         widths[0] = min(widths[0], MAX_NAME)
         self.widths = widths
-        self.virtual_size = Size(sum(widths) + GAP * len(widths), len(self.keys) + 1)
+        # One leading space, the columns and the gaps between them (as _line_text lays out).
+        self.virtual_size = Size(1 + sum(widths) + GAP * (len(widths) - 1),
+                                 len(self.keys) + 1)
         if selected in self.keys:
             self.cursor = self.keys.index(selected)
         self.cursor = max(0, min(self.cursor, len(self.keys) - 1))
