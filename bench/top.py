@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """How long a refresh of `gpumemctl top` takes with 1000 allocations (issue 6: < 100 ms).
 
-    .venv/bin/python bench/top.py [--allocations 1000] [--runs 30] [--json]
+    .venv/bin/python bench/top.py [--allocations 1000] [--runs 30] [--backend cuda] [--json]
 
-Starts its own gpumemd (host backend) in a temp dir, creates N allocations in ONE
+Starts its own gpumemd (host backend, or cuda on a GPU machine) in a temp dir, creates N allocations in ONE
 directory (the worst case: all N rows are on screen), then runs the app headless
 (Textual's run_test, 120x40) and times, per refresh:
   fetch      DaemonSource.snapshot(): `status` + `ls -R` over the socket (the baseline:
@@ -46,13 +46,14 @@ def say(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def start_daemon(base: str) -> tuple[subprocess.Popen, str]:
+def start_daemon(base: str, backend: str) -> tuple[subprocess.Popen, str]:
     sock = os.path.join(base, "gpumemd.sock")
     log = open(os.path.join(base, "gpumemd.log"), "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "daemon", "--backend", "host", "--socket",
+    proc = subprocess.Popen([sys.executable, "-m", "daemon", "--backend", backend, "--socket",
                              sock, "--state-dir", os.path.join(base, "state"),
                              "--host-capacity", "64G"], stdout=log, stderr=log,
-                            env={**os.environ, "PYTHONPATH": ROOT})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, (ROOT, os.environ.get("PYTHONPATH"))))})
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -155,10 +156,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--allocations", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--backend", choices=("host", "cuda"), default="host",
+                    help="cuda: on a GPU machine, so `status` carries NVML telemetry")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="gpumemctl-bench-tui-")
-    proc, sock = start_daemon(base)
+    proc, sock = start_daemon(base, args.backend)
     try:
         say(f"creating {args.allocations} allocations in one directory")
         with Client(sock) as c:
@@ -169,6 +172,8 @@ def main() -> int:
     finally:
         stop_daemon(proc, base)
         shutil.rmtree(base, ignore_errors=True)
+    if not args.json:
+        print(f"backend {args.backend}")
     return 0 if report(times, args.allocations, args.runs, args.json) else 1
 
 

@@ -289,7 +289,12 @@ def test_verify_progress(daemon):
         # recover takes it too
         frames.clear()
         recovered = c.recover("small", progress=frames.append)
-        assert recovered == c.recover("small")
+        again = c.recover("small")
+        assert recovered["allocation"] == again["allocation"]
+        # Only the time of the last full pass (`verified`) may differ between the two.
+        assert recovered["info"]["verified"] <= again["info"]["verified"]
+        assert {k: v for k, v in recovered["info"].items() if k != "verified"} == \
+            {k: v for k, v in again["info"].items() if k != "verified"}
         assert frames and frames[-1]["allocations"] == 1 and \
             frames[-1]["total_bytes"] == 32 * MiB
         # A callback that raises: the answer is still read, the connection stays in step.

@@ -100,7 +100,7 @@ class AllocationsPanel(Vertical):
         what = f"{allocations} allocations, {len(shown) - allocations} directories"
         match = f"  filter {self.filter_text!r}" if self.filter_text else ""
         self.query_one("#alloc-title", Static).update(
-            Text.assemble((where, "bold"), f"  {what}{match}"))
+            Text.assemble((where + "  ", "bold"), f"{what}{match}"))
         self._announce()
 
     def _announce(self) -> None:
