@@ -1,0 +1,58 @@
+"""What the table shows, without a terminal: filtering, sorting, cells, ages; and the
+dependency direction (DESIGN.md: tui -> gpumemctl, never the daemon)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tui import model
+
+from tests.conftest import ROOT, _env
+
+
+def entry(path, size=None, kind="allocation", **kw):
+    base = {"type": kind, "path": path}
+    if kind == "directory":
+        return {**base, "entries": kw.get("entries", 0)}
+    return {**base, "size": size, "capacity": size, "device": "GPU-a", "durable": False,
+            "state": "ready", "ecc": "rs", "refcount": 0, "verified": None, **kw}
+
+
+ENTRIES = [entry("models", kind="directory", entries=2), entry("models/llama", 64 << 20),
+           entry("models/mistral", 16 << 20, durable=True, refcount=3),
+           entry("weights", 32 << 20, verified="2026-11-18T11:05:10.000000Z")]
+
+
+def test_visible_children_and_filter():
+    assert [e["path"] for e in model.visible(ENTRIES, "", "")] == ["models", "weights"]
+    assert [e["path"] for e in model.visible(ENTRIES, "models", "")] == \
+        ["models/llama", "models/mistral"]
+    assert [e["path"] for e in model.visible(ENTRIES, "", "LLA")] == ["models/llama"]
+    assert [e["path"] for e in model.visible(ENTRIES, "models", "models")] == []
+
+
+def test_sort_keeps_directories_first_and_missing_values_last():
+    rows = model.sorted_entries(ENTRIES, "size", False, {})
+    assert [e["path"] for e in rows] == ["models", "models/mistral", "weights",
+                                         "models/llama"]
+    rows = model.sorted_entries(ENTRIES, "size", True, {})
+    assert rows[0]["path"] == "models" and rows[1]["path"] == "models/llama"
+    rows = model.sorted_entries(ENTRIES, "verified", False, {})
+    assert rows[-1]["verified"] is None and rows[1]["path"] == "weights"
+
+
+def test_cells_holders_and_ages():
+    now = model.epoch("2026-11-18T11:06:40.000000Z")
+    cells = model.row_cells(ENTRIES[2], "models", {"GPU-a": 0}, now)
+    assert cells == ("mistral", "16M", "16M", "0", "durable", "ready", "2", "rs", "never")
+    assert model.row_cells(ENTRIES[3], "", {}, now)[-1] == "1m ago"
+    assert model.age("2026-11-16T11:06:40.000000Z", now) == "2d ago"
+    assert model.row_cells(entry("x", 1, ecc="none"), "", {}, now)[-1] == "-"
+
+
+def test_tui_never_imports_the_daemon():
+    code = ("import sys, tui, tui.app; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('daemon', 'cuda', 'pynvml')]; print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
