@@ -58,4 +58,6 @@ class ScrubPanel(Vertical):
                           f"{rate_text(scrub.get('rate_now'))}{limit}  ETA "
                           f"{duration_text(scrub.get('eta_seconds'))}", style="bold"))
         progress_bar.update(total=max(total, 1), progress=min(done, total))
-        result.update(Text(_counts(t)))
+        so_far = Text(f"so far: {_counts(t)}\n")
+        so_far.append_text(last_result(scrub.get("last")))
+        result.update(so_far)
