@@ -56,3 +56,16 @@ def test_tui_never_imports_the_daemon():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_wheel_ships_the_styles_and_kernels(tmp_path):
+    """pip/pipx installs from the wheel: `gpumemctl top` needs its .tcss files there (the
+    editable install the tests use would not notice them missing)."""
+    import zipfile
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                           "--disable-pip-version-check", "-w", str(tmp_path), ROOT],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = tmp_path.glob("gpumemctl-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"tui/styles/main.tcss", "tui/styles/dialogs.tcss", "daemon/ecc/kernels.cu"} <= names
