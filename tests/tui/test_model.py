@@ -61,9 +61,14 @@ def test_tui_never_imports_the_daemon():
 def test_the_wheel_ships_the_styles_and_kernels(tmp_path):
     """pip/pipx installs from the wheel: `gpumemctl top` needs its .tcss files there (the
     editable install the tests use would not notice them missing)."""
+    import shutil
     import zipfile
+    src = tmp_path / "src"          # a clean copy: an old build/ in the tree would hide a miss
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".venv", ".git", ".gpu", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+        ".hypothesis", "__snapshots__"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                           "--disable-pip-version-check", "-w", str(tmp_path), ROOT],
+                           "--disable-pip-version-check", "-w", str(tmp_path), str(src)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (wheel,) = tmp_path.glob("gpumemctl-*.whl")
