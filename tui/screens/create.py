@@ -42,6 +42,7 @@ class CreateScreen(ModalScreen[dict | None]):
     def compose(self):
         with Vertical(id="dialog", classes="create"):
             yield Static("Create an allocation", classes="dialog-title")
+            yield Static("", id="form-error")     # on top: visible at 80x24 too
             with Horizontal(classes="field"):
                 yield Label("name", classes="field-label")
                 yield Input(value=self.directory + "/" if self.directory else "",
@@ -62,7 +63,6 @@ class CreateScreen(ModalScreen[dict | None]):
                 yield Select([("rs: Reed-Solomon parity", "rs"), ("none", "none")],
                              value="rs", allow_blank=False, id="ecc")
             yield Checkbox("durable: survives client and daemon crashes", id="durable")
-            yield Static("", id="form-error")
             with Horizontal(classes="buttons"):
                 yield Button("Create", variant="primary", id="create")
                 yield Button("Cancel", id="cancel")

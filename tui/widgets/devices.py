@@ -66,8 +66,27 @@ def device_line(d: dict) -> Text:
     return line
 
 
+def compact_line(d: dict) -> Text:
+    """One line a device, for servers with many GPUs: bar, ours/free, temp, util, alarms."""
+    total, ours, others, free = memory_split(d)
+    line = Text(f"{d['index']} ", style="bold", no_wrap=True, overflow="ellipsis")
+    line.append_text(bar(total, ours, others, width=16))
+    line.append(f" ours {format_size(ours)} free {format_size(free)}/{format_size(total)} ")
+    if d.get("telemetry") == "nvml":
+        line.append(f"{_na(d['utilization_gpu'], '{}%')} {_na(d['temperature_c'], '{}°C')} "
+                    f"{_na(d['power_w'], '{:.0f}W')} ")
+        if d.get("ecc_volatile_uncorrected") or d.get("remapped_pending") or \
+                d.get("remapped_failure"):
+            line.append("ECC/REMAP ALERT", style="bold red")
+    return line
+
+
+COMPACT_FROM = 3        # devices from which each gets one line instead of two
+
+
 class DevicesPanel(Static):
-    """One line per device; redrawn from each snapshot."""
+    """Per device two lines (memory, telemetry), or one each from COMPACT_FROM devices on;
+    redrawn from each snapshot."""
 
     _shown: list | None = None
 
@@ -78,4 +97,5 @@ class DevicesPanel(Static):
         if not devices:
             self.update(Text("no devices", style="dim"))
             return
-        self.update(Text("\n").join(device_line(d) for d in devices))
+        line = compact_line if len(devices) >= COMPACT_FROM else device_line
+        self.update(Text("\n").join(line(d) for d in devices))
