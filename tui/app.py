@@ -72,6 +72,7 @@ class GpumemApp(App):
         self._verify: VerifyScreen | None = None
         self._detail: dict | None = None
         self._last_event = 0            # the newest event id seen (resubscribe after it)
+        self.verify_frames: list[dict] = []   # progress of the last verify/recover
         self._unshown: list[dict] = []  # events that came before the panel existed
 
     def get_default_screen(self) -> MainScreen:
@@ -315,6 +316,7 @@ class GpumemApp(App):
             self._long(f"Recover {entry['path']}", "recover", entry["path"])
 
     def _long(self, title: str, method: str, *args, **kwargs) -> None:
+        self.verify_frames = []
         self._verify = VerifyScreen(title)
         self.push_screen(self._verify)
         self._verify_worker(title, method, args, kwargs)
@@ -336,6 +338,7 @@ class GpumemApp(App):
         self.post_message(VerifyFinished(title, summary))
 
     def on_verify_progress(self, message: VerifyProgress) -> None:
+        self.verify_frames.append(message.progress)
         if self._verify is not None and self.screen is self._verify:
             self._verify.show(message.progress)
 

@@ -94,3 +94,21 @@ def freeze(daemon, events: int = 8) -> FrozenSource:
 
 def frozen_app(source: FrozenSource):
     return make_app(source=source, live=False, clock=lambda: FROZEN_NOW)
+
+
+async def settled(pilot) -> None:
+    """Wait until a frozen app has drawn everything its workers bring: the snapshot, the
+    detail of the selected row and every event. A screenshot taken earlier, or a dialog
+    opened earlier (the screen below a modal is not repainted), would depend on timing."""
+    from tui.widgets.detail import DetailPanel
+    from tui.widgets.events import EventsPanel
+    app = pilot.app
+    last = app.source.events[-1]["id"] if app.source.events else 0
+
+    def done():
+        main = app.main
+        return (main.ready and app.snapshot is not None
+                and main.query_one(DetailPanel)._shown is not None
+                and main.query_one(EventsPanel).last_id == last)
+    await until(pilot, done, what="the frozen app to settle")
+    await pilot.pause(0.1)

@@ -176,22 +176,23 @@ def test_verify_with_progress_then_recover(ecc_daemon):
     async def scenario(pilot):
         await select(pilot, app, "big")
         await pilot.press("v")
-        await until(pilot, lambda: isinstance(app.screen, VerifyScreen)
-                    and app.screen.progress.get("done_bytes", 0) > 0, timeout=30,
-                    what="the progress dialog to show progress")
-        seen.append(app.screen.progress)
-        assert "big" in str(app.screen.query_one("#verify-status").render())
         await until(pilot, lambda: any(n.startswith("clean:") for n in notifications(app)),
                     timeout=60, what="the verify result")
-        assert not isinstance(app.screen, VerifyScreen)
+        assert not isinstance(app.screen, VerifyScreen)          # the dialog went away
+        seen.extend(app.verify_frames)
         await until(pilot, lambda: app.snapshot.by_path["big"]["verified"] is not None)
         d.cli("debug", "corrupt", "big", "--offset", "1000", "--length", "3", check=True)
         await pilot.press("r")
         await until(pilot, lambda: any(n.startswith("repaired:") for n in
                                        notifications(app)), timeout=60,
                     what="the recover result")
+        assert app.verify_frames and app.verify_frames[0]["path"] == "big"
     run_app(app, scenario)
-    assert seen[0]["total_bytes"] == 256 * MiB and seen[0]["path"] == "big"
+    # The dialog was fed the daemon's progress frames: from 0 to all 256 MiB of "big".
+    assert seen[0]["done_bytes"] == 0 and seen[0]["total_bytes"] == 256 * MiB
+    assert all(f["path"] == "big" for f in seen)
+    done = [f["done_bytes"] for f in seen]
+    assert done == sorted(done)
     assert d.cli("read", "big", "--length", "4096", check=True).stdout == b"\x5a" * 4096
 
 

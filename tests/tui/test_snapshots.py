@@ -8,7 +8,7 @@ import pytest
 
 from tui import make_app
 
-from .conftest import freeze, frozen_app
+from .conftest import freeze, frozen_app, settled, until
 
 pytestmark = pytest.mark.usefixtures("no_cursor_blink")
 
@@ -32,20 +32,16 @@ def populated(daemon):
 
 
 def test_main_screen_with_allocations(populated, snap_compare):
-    async def enter_models(pilot):
-        await pilot.pause(0.5)
-    assert snap_compare(frozen_app(populated), terminal_size=(120, 36),
-                        run_before=enter_models)
+    assert snap_compare(frozen_app(populated), terminal_size=(120, 36), run_before=settled)
 
 
 def test_main_screen_at_80x24(populated, snap_compare):
-    assert snap_compare(frozen_app(populated), terminal_size=(80, 24),
-                        run_before=lambda pilot: pilot.pause(0.5))
+    assert snap_compare(frozen_app(populated), terminal_size=(80, 24), run_before=settled)
 
 
 def test_create_form_validation_error(populated, snap_compare):
     async def bad_size(pilot):
-        await pilot.pause(0.3)
+        await settled(pilot)
         await pilot.press("c")
         await pilot.pause(0.2)
         await pilot.press(*"models/new", "tab", *"12Q", "enter")
@@ -55,8 +51,11 @@ def test_create_form_validation_error(populated, snap_compare):
 
 def test_delete_modal(populated, snap_compare):
     async def ask(pilot):
-        await pilot.pause(0.3)
-        await pilot.press("down", "down", "down", "delete")     # weights, durable
+        await settled(pilot)
+        await pilot.press("down", "down", "down")               # weights, durable
+        await until(pilot, lambda: "weights" in str(
+            pilot.app.main.query_one("#detail-body").render()), what="the detail")
+        await pilot.press("delete")
         await pilot.pause(0.2)
     assert snap_compare(frozen_app(populated), terminal_size=(120, 36), run_before=ask)
 
