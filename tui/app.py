@@ -7,6 +7,7 @@ by `gpumemctl top` and by the tests.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Callable
@@ -15,6 +16,7 @@ from rich.text import Text
 from textual import work
 from textual.app import App
 from textual.binding import Binding
+from textual.css.query import NoMatches
 
 from gpumemctl.protocol import GpumemError, NotRunning, format_size
 
@@ -41,6 +43,20 @@ MAIN_ACTIONS = {"create", "durable", "transient", "verify", "verify_all", "recov
                 "delete", "scrub"}
 EVENT_BACKLOG = 50          # events shown at start
 SOON = 0.05                 # a change notice asks for a snapshot this much later
+
+
+def drawing(handler):
+    """A handler that draws into the main screen's panels. While the app shuts down the
+    panels go before the screen does, and a snapshot or event may still arrive: drop it."""
+    @functools.wraps(handler)
+    def guarded(self, *args, **kwargs):
+        try:
+            return handler(self, *args, **kwargs)
+        except NoMatches:
+            if self.is_running and self.main.is_attached and self.main.ready and \
+                    self.main.children:
+                raise                   # not a shutdown: a real bug
+    return guarded
 
 
 class GpumemApp(App):
@@ -139,6 +155,7 @@ class GpumemApp(App):
         self.snapshot = message.snapshot
         self.draw(message.snapshot)
 
+    @drawing
     def draw(self, snap: Snapshot) -> None:
         main = self.main
         if not main.ready:
@@ -149,6 +166,7 @@ class GpumemApp(App):
         main.query_one(Banner).show(banner(snap))
         self._show_events()
 
+    @drawing
     def _show_events(self) -> None:
         panel = self.main.query_one(EventsPanel)
         for event in self._unshown:
@@ -191,6 +209,7 @@ class GpumemApp(App):
         self.request_soon()
 
     # ---- detail -------------------------------------------------------------------------
+    @drawing
     def on_allocations_panel_selected(self, message: AllocationsPanel.Selected) -> None:
         entry = message.entry
         if entry is None:
@@ -209,6 +228,7 @@ class GpumemApp(App):
         except (GpumemError, OSError):
             pass                        # gone meanwhile; the next snapshot shows it
 
+    @drawing
     def on_detail_ready(self, message: DetailReady) -> None:
         selected = self.main.query_one(AllocationsPanel).selected_entry
         if selected is not None and selected["path"] == message.info["path"]:
