@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import sys
 from typing import Annotated, Optional
 
 import typer
 
 from . import output
+from .formats import duration, event_line, parse_mode
 from .protocol import GpumemError, UsageError, format_size, parse_size
 from .protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE
 
@@ -84,13 +84,6 @@ def command(*names, **kwargs):
         app.command(*names, **kwargs)(run)
         return func
     return wrap
-
-
-def parse_mode(text: str) -> int:
-    if not re.fullmatch(r"[0-7]{1,4}", text):
-        raise UsageError(f"invalid mode {text!r}: expected octal permission bits 0000-7777, "
-                         "such as 0640")
-    return int(text, 8)
 
 
 def parse_offset(text: str, what: str = "offset") -> int:
@@ -413,15 +406,6 @@ def devices(json_: JsonOpt = False):
             output.note(f"device {d['index']}: telemetry {d.get('telemetry') or 'unavailable'}")
 
 
-def _event_line(e: dict) -> str:
-    from datetime import datetime, timezone
-    when = datetime.fromtimestamp(e["time_ns"] / 1e9, tz=timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%SZ")
-    who = f" uid={e['uid']}" if e["uid"] is not None else ""
-    detail = " ".join(f"{k}={v}" for k, v in sorted(e["detail"].items()))
-    return f"{e['id']:>6} {when} {e['kind']:<9} {e['path'] or '-'}{who} {detail}".rstrip()
-
-
 @command("events")
 def events(follow: Annotated[bool, typer.Option("-f", "--follow",
                                                 help="Keep printing new events.")] = False,
@@ -442,7 +426,7 @@ def events(follow: Annotated[bool, typer.Option("-f", "--follow",
                     if path and e["path"] != path and not (e["path"] or "").startswith(
                             path + "/"):
                         continue
-                    output.data(__import__("json").dumps(e) if as_json else _event_line(e))
+                    output.data(__import__("json").dumps(e) if as_json else event_line(e))
                     sys.stdout.flush()
             except KeyboardInterrupt:
                 return OK
@@ -451,7 +435,7 @@ def events(follow: Annotated[bool, typer.Option("-f", "--follow",
         output.emit_json(evs)
     else:
         for e in evs:
-            output.data(_event_line(e))
+            output.data(event_line(e))
 
 
 @command("check")
@@ -556,15 +540,6 @@ def _when(ns: int | None) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, sec = divmod(rest, 60)
-    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
-
-
 def _scrub_counts(t: dict) -> str:
     return (f"{t['corrected']} block(s) repaired ({t['symbols']} symbols), "
             f"{t['uncorrectable']} uncorrectable, {t['skipped']} skipped")
@@ -578,7 +553,7 @@ def scrub_report(st: dict) -> list[str]:
         return [f"scrub: in progress since {_when(st['started_ns'])}",
                 f"  {format_size(t['bytes'])} of {format_size(st['to_scrub'])} scrubbed "
                 f"({100 * st['progress']:.1f}%) at {format_size(int(st['rate_now']))}/s, "
-                f"{_duration(eta)} to go" + (f", rate limit {format_size(st['rate'])}/s"
+                f"{duration(eta)} to go" + (f", rate limit {format_size(st['rate'])}/s"
                                              if st.get("rate") else ""),
                 f"  {_scrub_counts(t)}"]
     last = st.get("last")
@@ -588,7 +563,7 @@ def scrub_report(st: dict) -> list[str]:
     how = "stopped" if last["stopped"] else "finished"
     rate = f" at {format_size(int(last['rate']))}/s" if last.get("rate") else ""
     lines = [f"scrub: {how} {_when(last['finished_ns'])} after "
-             f"{_duration(last['seconds'])}: {format_size(t['bytes'])} scrubbed{rate}",
+             f"{duration(last['seconds'])}: {format_size(t['bytes'])} scrubbed{rate}",
              f"  {_scrub_counts(t)}"]
     for alloc in last.get("allocations", {}).values():
         if alloc["corrected"] or alloc["uncorrectable"]:

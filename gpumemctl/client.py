@@ -127,7 +127,7 @@ class Client:
                             failure = exc
             except (EOFError, ConnectionError) as exc:
                 raise NotRunning(f"gpumemd closed the connection ({exc})") from None
-            except OSError as exc:
+            except OSError:
                 if self._closed:
                     raise NotRunning("the client was closed") from None
                 raise

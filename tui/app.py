@@ -22,7 +22,9 @@ from gpumemctl.protocol import GpumemError, NotRunning, format_size
 
 from .messages import (ActionDone, ActionFailed, DaemonDown, DetailReady, EventArrived,
                        NodesChanged, SnapshotReady, VerifyFinished, VerifyProgress)
-from .model import Snapshot, duration_text
+from gpumemctl.formats import duration
+
+from .model import Snapshot
 from .screens.confirm import ConfirmScreen
 from .screens.create import CreateScreen
 from .screens.main import Banner, MainScreen
@@ -402,7 +404,7 @@ def banner(snap: Snapshot) -> Text:
     return Text.assemble(
         (f"gpumemd {d.get('version', '?')}   ", "bold"),
         f"{d.get('backend', '?')} backend  pid {d.get('pid', '?')}  up "
-        f"{duration_text(d.get('uptime_s'))}  ",
+        f"{duration(d.get('uptime_s'), '?')}  ",
         (f"{t.get('allocations', 0)} allocations ", "bold"),
         f"({t.get('durable', 0)} durable) {format_size(t.get('capacity', 0))}  "
         f"{t.get('holders', 0)} holders  {keeper}  refresh {snap.fetched_ms:.0f} ms")

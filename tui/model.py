@@ -127,22 +127,3 @@ def row_cells(entry: dict, cwd: str, device_index: dict, now: float) -> tuple[st
 
 def rate_text(bytes_per_s: float | None) -> str:
     return "-" if not bytes_per_s else f"{format_size(int(bytes_per_s))}/s"
-
-
-def duration_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
-
-
-def event_line(event: dict) -> str:
-    """One event as `gpumemctl events` prints it, without the date (the panel is narrow)."""
-    when = datetime.datetime.fromtimestamp(event["time_ns"] / 1e9, tz=datetime.timezone.utc)
-    detail = " ".join(f"{k}={v}" for k, v in sorted(event.get("detail", {}).items()))
-    who = f" uid={event['uid']}" if event.get("uid") is not None else ""
-    return f"{when:%H:%M:%S} {event['kind']:<9} {event.get('path') or '-'}{who} {detail}".rstrip()

@@ -74,3 +74,19 @@ def test_the_wheel_ships_the_styles_and_kernels(tmp_path):
     (wheel,) = tmp_path.glob("gpumemctl-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"tui/styles/main.tcss", "tui/styles/dialogs.tcss", "daemon/ecc/kernels.cu"} <= names
+
+
+def test_shared_formats():
+    """gpumemctl.formats serves the CLI and the TUI alike."""
+    from gpumemctl.formats import duration, event_line, parse_mode
+    from gpumemctl.protocol import UsageError
+    import pytest
+    assert parse_mode(" 0640 ") == 0o640
+    with pytest.raises(UsageError, match="invalid mode '0980'"):
+        parse_mode("0980")
+    assert (duration(5), duration(185), duration(3725), duration(None)) == \
+        ("5s", "3m05s", "1h02m05s", "unknown")
+    e = {"id": 7, "time_ns": 1_795_000_000 * 10**9, "kind": "create", "path": "a/b",
+         "uid": 0, "detail": {"capacity": 2097152}}
+    assert event_line(e) == "     7 2026-11-18T11:06:40Z create    a/b uid=0 capacity=2097152"
+    assert event_line(e, date=False) == "11:06:40 create    a/b uid=0 capacity=2097152"

@@ -2,13 +2,12 @@
 is sent (the same parsers as the CLI), with the error shown under the form."""
 from __future__ import annotations
 
-import re
-
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
+from gpumemctl.formats import parse_mode
 from gpumemctl.protocol import GpumemError, normalize, parse_size
 
 
@@ -24,10 +23,11 @@ def validate(name: str, size: str, mode: str, device: str) -> tuple[dict | None,
         nbytes = parse_size(size.strip())
     except GpumemError as exc:
         return None, "size", str(exc)
-    if not re.fullmatch(r"[0-7]{1,4}", mode.strip()):
-        return None, "mode", (f"invalid mode {mode.strip()!r}: expected octal permission bits "
-                              "0000-7777, such as 0640")
-    request = {"path": path, "size": nbytes, "mode": int(mode.strip(), 8),
+    try:
+        bits = parse_mode(mode)
+    except GpumemError as exc:
+        return None, "mode", str(exc)
+    request = {"path": path, "size": nbytes, "mode": bits,
                "device": device.strip() or None}
     return request, "", ""
 

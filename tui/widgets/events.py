@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import RichLog
 
-from ..model import event_line
+from gpumemctl.formats import event_line
 
 ALARMING = {"damage", "lost", "orphan", "unsealed"}
 
@@ -20,4 +20,4 @@ class EventsPanel(RichLog):
         self.last_id = event["id"]
         style = "bold red" if event["kind"] in ALARMING else \
             ("green" if event["kind"] == "healed" else "")
-        self.write(Text(event_line(event), style=style))
+        self.write(Text(event_line(event, date=False), style=style))

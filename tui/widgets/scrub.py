@@ -10,7 +10,9 @@ from textual.widgets import ProgressBar, Static
 
 from gpumemctl.protocol import format_size
 
-from ..model import duration_text, rate_text
+from gpumemctl.formats import duration
+
+from ..model import rate_text
 
 
 def _counts(t: dict) -> str:
@@ -26,7 +28,7 @@ def last_result(last: dict | None) -> Text:
     how = "stopped" if last.get("stopped") else "finished"
     style = "bold red" if t.get("uncorrectable") else ("yellow" if t.get("corrected") else "")
     return Text(f"last: {how} {when:%Y-%m-%d %H:%M} UTC, {format_size(t.get('bytes', 0))} in "
-                f"{duration_text(last.get('seconds'))}\n{_counts(t)}", style=style)
+                f"{duration(last.get('seconds'), '-')}\n{_counts(t)}", style=style)
 
 
 class ScrubPanel(Vertical):
@@ -56,7 +58,7 @@ class ScrubPanel(Vertical):
         state.update(Text(f"running  {100 * scrub.get('progress', 0):.1f}%  "
                           f"{format_size(done)} of {format_size(total)}  "
                           f"{rate_text(scrub.get('rate_now'))}{limit}  ETA "
-                          f"{duration_text(scrub.get('eta_seconds'))}", style="bold"))
+                          f"{duration(scrub.get('eta_seconds'), '-')}", style="bold"))
         progress_bar.update(total=max(total, 1), progress=min(done, total))
         so_far = Text(f"so far: {_counts(t)}\n")
         so_far.append_text(last_result(scrub.get("last")))
