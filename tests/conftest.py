@@ -16,6 +16,11 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
+# Every gpumemd the tests start carries this in its environment, and so does the keeper it
+# starts (the keeper inherits the daemon's environment): the session-end check below finds
+# leftovers by it, and never touches a gpumemd that the machine itself runs.
+TEST_RUN_TAG = f"{os.getpid()}-{time.time_ns()}"
+TEST_RUN_VAR = "GPUMEMD_TEST_RUN"
 
 
 def _bin(name: str) -> list[str]:
@@ -30,6 +35,7 @@ def _env(extra: dict | None = None) -> dict:
     for var in ("NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "GPUMEMD_SOCKET"):
         env.pop(var, None)
     env["GPUMEMD_CONFIG"] = ""     # hermetic: never the machine's /etc/gpumemd.toml
+    env[TEST_RUN_VAR] = TEST_RUN_TAG
     env.update(extra or {})
     return env
 
@@ -104,19 +110,10 @@ class Daemon:
         self.start()
 
     def keeper_pid(self) -> int | None:
-        try:
-            with open(os.path.join(self.state_dir, "keeper.pid")) as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            return None
+        return keeper_pid(self.state_dir)
 
     def kill_keeper(self) -> None:
-        pid = self.keeper_pid()
-        if pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_keeper(self.state_dir)
 
     def cleanup(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -166,6 +163,26 @@ class Daemon:
         return json.loads(self.cli(*args, "--json", check=True).stdout)
 
 
+def keeper_pid(state_dir: str) -> int | None:
+    """The pid of the keeper serving a state directory (its pid file), if any."""
+    try:
+        with open(os.path.join(state_dir, "keeper.pid")) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def kill_keeper(state_dir: str) -> None:
+    """End the keeper of a state directory: it outlives every gpumemd by design, so a test
+    that started one must end it."""
+    pid = keeper_pid(state_dir)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def is_mounted(path: str) -> bool:
     with open("/proc/self/mounts") as f:
         return any(line.split()[1] == path for line in f if len(line.split()) > 1)
@@ -212,6 +229,50 @@ def _no_unexpected_errors_logged(caplog):
            and not getattr(r, "expected", False)]
     if bad:
         pytest.fail("unexpected errors logged: " + "; ".join(r.getMessage() for r in bad))
+
+
+# ---- no gpumemd or keeper outlives the run ------------------------------------------------
+def leftover_processes(tag: str = TEST_RUN_TAG) -> list[tuple[int, str]]:
+    """(pid, command line) of every live gpumemd or keeper whose environment carries `tag`."""
+    marker = f"{TEST_RUN_VAR}={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:                       # gone meanwhile, or not ours to read
+            continue
+        command = b" ".join(argv).decode(errors="replace")
+        if marker in environ and ("daemon.main" in command or "daemon.keeper" in command):
+            found.append((int(entry), command))
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if a gpumemd or keeper that a test started is still alive (a test that
+    forgot to stop one would leave it running on the developer's machine), then end them."""
+    deadline = time.monotonic() + 5        # a daemon stopped just now may still be exiting
+    while (left := leftover_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not left:
+        return
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    lines = "\n".join(f"  pid {pid}: {command}" for pid, command in left)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"the tests left {len(left)} gpumemd/keeper process(es) running (now killed):\n"
+    if reporter is not None:
+        reporter.write_line(message + lines, red=True)
+    else:
+        sys.stderr.write(message + lines + "\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # ---- GPU tests (-m gpu): skipped with one reason where no GPU can serve them ----------------

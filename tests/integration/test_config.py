@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from daemon import config
-from tests.conftest import _bin, _env, wait_for
+from tests.conftest import _bin, _env, kill_keeper, wait_for
 
 MiB = 1 << 20
 
@@ -109,12 +109,13 @@ def cli(socket_path: str, *args: str, check: int = 0) -> subprocess.CompletedPro
     return proc
 
 
-def test_file_values_apply_and_the_command_line_wins(tmp_path):
+def test_file_values_apply_and_the_command_line_wins(tmp_path, request):
     file_socket = str(tmp_path / "file.sock")
     path = write_config(tmp_path, f'backend = "host"\nsocket = "{file_socket}"\n'
                                   f'state_dir = "{tmp_path / "state"}"\n'
                                   'host_capacity = "64M"\nlog_level = "warning"\n')
     d = Gpumemd(tmp_path, "--config", path)
+    request.addfinalizer(lambda: kill_keeper(str(tmp_path / "state")))  # both runs share it
     try:
         d.serving(file_socket)             # the socket the file names, no --socket given
         dev = __import__("json").loads(cli(file_socket, "devices", "--json").stdout)[0]
