@@ -18,6 +18,7 @@ numbers differ between platforms), and that name wins:
 | setattr                     | chmod/chown/utimes by a non-owner   | PermissionDenied | EPERM     |
 | rename                      | into its own subtree                | UsageError       | EINVAL    |
 | write_at, resize            | device full                         | NoMemory         | ENOSPC    |
+| write_at, resize, create    | more than any device's total        | NoMemory         | EFBIG     |
 | write_at, resize, chown     | over the owner's quota (quotas.py)  | QuotaExceeded    | EDQUOT    |
 
 EXDEV never arises: the namespace is one filesystem, so a rename across directories is always
@@ -39,7 +40,7 @@ ERRNO_FOR_ERROR: dict[type[GpumemError], int] = {
     Busy: errno.EBUSY,
     UsageError: errno.EINVAL,          # a bad name, size, mode or offset
     InvalidState: errno.EIO,           # lost memory: reads fail, never return wrong bytes
-    Uncorrectable: errno.EIO,          # damaged ranges read as EIO (DESIGN.md, "States")
+    Uncorrectable: errno.EIO,          # damaged ranges read as EIO (docs/design.md, "Lifetimes")
     NotRunning: errno.EIO,
     InternalError: errno.EIO,
 }

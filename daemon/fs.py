@@ -22,6 +22,16 @@ Choices a user can observe (docs/mount.md says more):
   root's listing (like ZFS's .zfs) and is never an allocation.
 - Symbolic links: ENOTSUP. Hard links: EPERM. Device nodes and FIFOs: EPERM.
 - An unlinked file keeps its memory while it is open; the memory goes with its last close.
+- open(2) with O_TRUNC truncates (libfuse 3 negotiates atomic O_TRUNC, so the flag arrives
+  in the open, not as a setattr), as does a create that finds the name taken meanwhile.
+- Set-id bits: a write or truncate by a process without CAP_FSETID clears them. The kernel
+  does it for truncate(2) (the new mode rides on its setattr), not for O_TRUNC (atomic: no
+  setattr) nor for direct I/O writes (it flags the write request, which pyfuse3's write()
+  never sees, with no process named): _drop_setid does those, a write by the rights of the
+  process that opened the file.
+- Access times are stored; reads and listings move them by the relatime rule.
+- A size larger than any device could hold is EFBIG; one that does not fit now, ENOSPC.
+- Every listing starts with "." and ".." (the root's ".." is the root).
 """
 from __future__ import annotations
 
@@ -35,14 +45,14 @@ import stat
 import pyfuse3
 import trio
 
-from gpumemctl.protocol import GpumemError, NotFound, UsageError
+from gpumemctl.protocol import Exists, GpumemError, NotFound, UsageError
 
 from . import xattrs
 from .describe import describe
 from .errno_map import errno_for
 from .manager import AllocationManager
 from .nodes import Allocation, Directory, Node
-from .permissions import Credentials, supplementary_groups
+from .permissions import Credentials, R, W, require, supplementary_groups
 from .registry import ROOT_ID
 from .sessions import Session
 
@@ -53,6 +63,8 @@ META_NAME = ".metadata"
 META_BASE = 1 << 62          # the .metadata mirror of node N has inode META_BASE + N
 BLOCK = 1 << 20              # st_blksize: cp and dd size their buffers by it
 STATFS_BLOCK = 4096
+CAP_FSETID = 4               # capability(7) bit: keep set-id bits through writes
+DOTS = 2                     # "." and "..": the first entries of every directory snapshot
 
 
 class ProcGroups:
@@ -70,6 +82,31 @@ class ProcGroups:
 
 def credentials(ctx) -> Credentials:
     return Credentials(pid=ctx.pid, uid=ctx.uid, gid=ctx.gid, groups=ProcGroups(ctx.pid))
+
+
+def has_fsetid(cred: Credentials) -> bool:
+    """Whether the process holds CAP_FSETID (its writes keep the set-id bits): its effective
+    capabilities in /proc; where the process is gone, whether it was root."""
+    try:
+        with open(f"/proc/{cred.pid}/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_FSETID & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return cred.is_root
+
+
+def without_setid(node: Node, cred: Credentials) -> int:
+    """The mode after a write or truncate by a process without CAP_FSETID, as this kernel
+    does it on tmpfs and ext4 (setattr_should_drop_suidgid): S_ISUID goes; S_ISGID goes
+    where group-exec is set, and also without it when the process is not in the file's
+    group (without group-exec the bit once meant mandatory locking, which a group member
+    keeps)."""
+    mode = node.mode & ~stat.S_ISUID
+    if mode & stat.S_ISGID and (mode & stat.S_IXGRP or not cred.in_group(node.gid)):
+        mode &= ~stat.S_ISGID
+    return mode
 
 
 def decode_name(raw: bytes) -> str:
@@ -105,6 +142,21 @@ class MetaHandle:
 
     def __init__(self, text: bytes):
         self.text = text
+
+
+class FileHandle:
+    """A file open on the mount: its holder, and who opened it. FUSE tells the filesystem
+    nothing of the process behind a write, so the opener stands in for the writer when a
+    write decides whether the set-id bits go (Operations._drop_setid)."""
+
+    def __init__(self, holder, cred: Credentials):
+        self.holder, self.alloc, self.cred = holder, holder.alloc, cred
+        self._fsetid: bool | None = None
+
+    def keeps_setid(self) -> bool:
+        if self._fsetid is None:          # read from /proc once, and only when it matters
+            self._fsetid = has_fsetid(self.cred)
+        return self._fsetid
 
 
 class Operations(pyfuse3.Operations):
@@ -164,7 +216,8 @@ class Operations(pyfuse3.Operations):
         else:
             a.st_nlink = 2 + node.subdirs
             a.st_size = 0
-        a.st_mtime_ns = a.st_atime_ns = node.modified_ns
+        a.st_mtime_ns = node.modified_ns
+        a.st_atime_ns = node.accessed_ns
         a.st_ctime_ns = node.changed_ns
         a.st_birthtime_ns = node.created_ns
         return a
@@ -261,6 +314,8 @@ class Operations(pyfuse3.Operations):
         if fields.update_size:
             self.m.resize(self._alloc(inode), cred, attr.st_size, session=self.session,
                           authorised=True)
+            if not fields.update_mode:        # an explicit mode in the same call wins
+                self._drop_setid(node, cred)
         changes = {}
         if fields.update_mode:
             changes["mode"] = stat.S_IMODE(attr.st_mode)
@@ -290,12 +345,33 @@ class Operations(pyfuse3.Operations):
     @handler
     def create(self, parent_inode, name, mode, flags, ctx):
         self._writable_parent(parent_inode)
-        cred = credentials(ctx)
-        alloc = self.m.create_pending(parent_inode, decode_name(name), cred,
-                                      stat.S_IMODE(mode))
-        holder = self.m.open_mount(alloc, cred, self.session, _writable(flags))
+        cred, text = credentials(ctx), decode_name(name)
+        try:
+            alloc = self.m.create_pending(parent_inode, text, cred, stat.S_IMODE(mode))
+        except Exists:
+            if flags & os.O_EXCL:
+                raise
+            alloc = self._existing_for_create(parent_inode, text, cred, flags)
+            fh = self._open_file(alloc, cred, flags)
+        else:
+            fh = self._add_fh(FileHandle(
+                self.m.open_mount(alloc, cred, self.session, _writable(flags)), cred))
         self._remember(alloc)
-        return self._file_info(self._add_fh(holder)), self._attrs(alloc)
+        return self._file_info(fh), self._attrs(alloc)
+
+    def _existing_for_create(self, parent_inode: int, name: str, cred: Credentials,
+                             flags: int) -> Allocation:
+        """open(O_CREAT) of a name made (through the socket API) after the kernel looked it
+        up: open it as it is. The kernel believes it created the file, so it checked no
+        permission on it and left O_TRUNC to us (_open_file)."""
+        node = self.m.lookup_child(parent_inode, name, cred)
+        if not isinstance(node, Allocation):
+            raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
+        wanted = R if flags & os.O_ACCMODE == os.O_RDONLY else W
+        if flags & os.O_ACCMODE == os.O_RDWR:
+            wanted = R | W
+        require(node, cred, wanted | (W if flags & os.O_TRUNC else 0))
+        return node
 
     @handler
     def mknod(self, parent_inode, name, mode, rdev, ctx):
@@ -353,21 +429,50 @@ class Operations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EROFS)
             node = self._meta_node(inode)
             return self._file_info(self._add_fh(MetaHandle(self._meta_text(node))))
-        holder = self.m.open_mount(self._alloc(inode), credentials(ctx), self.session,
-                                   _writable(flags))
-        return self._file_info(self._add_fh(holder))
+        return self._file_info(self._open_file(self._alloc(inode), credentials(ctx), flags))
+
+    def _open_file(self, alloc: Allocation, cred: Credentials, flags: int) -> int:
+        """Open an allocation; O_TRUNC truncates it first. libfuse 3 asks the kernel for
+        atomic O_TRUNC, so the truncation arrives here, inside the open, never as a setattr;
+        the kernel has checked write permission for it (as for any O_TRUNC)."""
+        if flags & os.O_TRUNC:
+            self.m.truncate_on_open(alloc, cred, self.session)
+            self._drop_setid(alloc, cred)
+        holder = self.m.open_mount(alloc, cred, self.session, _writable(flags))
+        return self._add_fh(FileHandle(holder, cred))
+
+    def _drop_setid(self, node: Node, cred: Credentials, handle: FileHandle | None = None
+                    ) -> None:
+        """After a write or truncate: clear the set-id bits as Linux does (without_setid),
+        unless the process holds CAP_FSETID (for a write: the opener, see FileHandle). The
+        kernel sends no setattr for this on O_TRUNC or a direct I/O write, and on truncate(2)
+        it leaves S_ISGID without group-exec alone (docs/mount.md, "Set-user-ID and
+        set-group-ID")."""
+        if not node.mode & (stat.S_ISUID | stat.S_ISGID):
+            return                                   # the common case: nothing to clear
+        if self.m.nodes.get(node.id) is not node:
+            return                                   # unlinked: it has no row to change
+        mode = without_setid(node, cred)
+        if mode == node.mode:
+            return
+        if handle.keeps_setid() if handle is not None else has_fsetid(cred):
+            return
+        self.m.setattr(node.id, cred, mode=mode, authorised=True)
 
     @handler
     def read(self, fh, off, size):
         handle = self.handles[fh]
         if isinstance(handle, MetaHandle):
             return handle.text[off:off + size]
+        self.m.note_access(handle.alloc)
         return self.m.view_at(handle.alloc, off, size)
 
     @handler
     def write(self, fh, off, buf):
-        holder = self.handles[fh]
-        return self.m.write_at(holder.alloc, off, buf, session=self.session)
+        handle = self.handles[fh]
+        written = self.m.write_at(handle.alloc, off, buf, session=self.session)
+        self._drop_setid(handle.alloc, handle.cred, handle)
+        return written
 
     async def flush(self, fh):
         # Sent at every close(2), synchronously. There is nothing to do before release (the
@@ -377,15 +482,15 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def fsync(self, fh, datasync):
-        holder = self.handles[fh]
-        if not isinstance(holder, MetaHandle):
-            self.m.sync(holder.alloc)
+        handle = self.handles[fh]
+        if not isinstance(handle, MetaHandle):
+            self.m.sync(handle.alloc)
 
     @handler
     def release(self, fh):
         handle = self.handles.pop(fh)
         if not isinstance(handle, MetaHandle):
-            self.m.release_mount(handle)
+            self.m.release_mount(handle.holder)
 
     # =====================================================================================
     # directories
@@ -396,21 +501,32 @@ class Operations(pyfuse3.Operations):
         directory = self._meta_node(inode) if meta else self._node(inode)
         if not isinstance(directory, Directory):
             raise UsageError("not a directory", details={"errno": "ENOTDIR"})
-        # A snapshot: listing positions stay valid while entries come and go.
-        entries = sorted(directory.children.items())
-        return self._add_fh((meta, entries))
+        if not meta:
+            self.m.note_access(directory)
+        # A snapshot: listing positions stay valid while entries come and go. Each entry is
+        # (name, node, whether it is shown as its .metadata mirror).
+        entries = self._dots(directory, meta) + \
+            [(name, node, meta) for name, node in sorted(directory.children.items())]
+        return self._add_fh(entries)
+
+    def _dots(self, directory: Directory, meta: bool) -> list[tuple[str, Node, bool]]:
+        """"." and "..": the root's ".." is the root; that of /.metadata is the root too."""
+        if directory.parent is not None:
+            return [(".", directory, meta), ("..", directory.parent, meta)]
+        return [(".", directory, meta), ("..", directory, False)]
 
     @handler
     def readdir(self, fh, start_id, token):
-        meta, entries = self.handles[fh]
+        entries = self.handles[fh]
         for index in range(start_id, len(entries)):
-            name, node = entries[index]
-            if self.m.nodes.get(node.id) is not node:
+            name, node, meta = entries[index]
+            dot = index < DOTS
+            if not dot and self.m.nodes.get(node.id) is not node:
                 continue                       # removed since opendir
             attrs = self._meta_attrs(node) if meta else self._attrs(node)
             if not pyfuse3.readdir_reply(token, name.encode(), attrs, index + 1):
                 break
-            if not meta:
+            if not meta and not dot:           # the kernel counts no lookup for dots
                 self._remember(node)
 
     @handler
@@ -461,6 +577,7 @@ class Operations(pyfuse3.Operations):
         try:
             if short == "size":
                 self.m.resize(node, cred, xattrs.parse_size_value(value), session=self.session)
+                self._drop_setid(node, cred)             # a resize is a truncate
             elif short == "durable":
                 self.m.set_durable_node(node, cred, xattrs.parse_durable_value(value))
             elif value.rstrip(b"\0\n") != xattrs.value_of(node, short).encode():

@@ -61,6 +61,7 @@ RESERVED_AT_ROOT = (".metadata",)   # the mount's read-only metadata view (daemo
 # trimmed when its last mount writer closes (release_mount).
 GROWTH_FACTOR = 2
 GROWTH_CAP = 1 << 30
+RELATIME_NS = 24 * 3600 * 10**9   # relatime: an access time older than this moves on a read
 DIRTY_NONE = (1 << 63, 0)   # (dirty_from, dirty_to) of an allocation with no unsynced write
 NOW = "now"
 # The registry's `unsealed` column (registry.add_damage_table).
@@ -213,7 +214,8 @@ class AllocationManager:
     def _node_from_row(row) -> Node:
         common = dict(id=row["id"], name=row["name"], parent=None, uid=row["uid"],
                       gid=row["gid"], mode=row["mode"], created_ns=row["created_ns"],
-                      modified_ns=row["modified_ns"], changed_ns=row["changed_ns"])
+                      modified_ns=row["modified_ns"], changed_ns=row["changed_ns"],
+                      accessed_ns=row["accessed_ns"])
         if row["kind"] == "dir":
             return Directory(**common)
         return Allocation(**common, size=row["size"], capacity=row["capacity"],
@@ -469,7 +471,7 @@ class AllocationManager:
             mode |= 0o2000
         row = dict(parent=parent.id, name=name, kind="dir" if cls is Directory else "alloc",
                    uid=cred.uid, gid=gid, mode=mode, created_ns=now, modified_ns=now,
-                   changed_ns=now)
+                   changed_ns=now, accessed_ns=now)
         db_fields = {k: v for k, v in alloc_fields.items()
                      if k not in ("buffer", "leased")}
         node_id = self.registry.insert_node(**row, **db_fields)
@@ -554,6 +556,7 @@ class AllocationManager:
         require(parent, cred, W | X, "create entries in")
         dev = self.backend.device(device)
         capacity = round_up(size, dev.granularity)
+        self._require_could_fit(dev, size, ecc)
         self.quotas.check(cred.uid, capacity)
         self.backend.check_free(dev, capacity + self.parity.extra(ecc, dev, capacity),
                                 requested=size)
@@ -814,6 +817,8 @@ class AllocationManager:
         fit = max(dev.granularity, round_up(size, dev.granularity))
         capacity = max(fit, capacity or 0)
         held = alloc.capacity if alloc.buffer is not None else 0
+        if size > alloc.size:
+            self._require_could_fit(dev, size, alloc.ecc)
         self.quotas.check(alloc.uid, capacity - held)
         old_size, fresh = alloc.size, alloc.state == "pending"
         if fresh:
@@ -826,6 +831,23 @@ class AllocationManager:
             self._reallocate(alloc, cred, dev, size, capacity)
         self._protect_resized(alloc, old_size, fresh)
         return alloc
+
+    def _require_could_fit(self, dev, size: int, ecc: str) -> None:
+        """NoMemory with errno EFBIG for a size no device could ever hold: its footprint
+        exceeds every device's total. A size that fits a device's total but not what is
+        free now is check_free's (ENOSPC). `dev`: the device the request names; the
+        message is the out-of-memory one (Backend.no_memory) and says why it is final."""
+        if any(self._footprint(d, size, ecc) <= d.total for d in self.backend.devices()):
+            return
+        base = self.backend.no_memory(dev, self._footprint(dev, size, ecc), dev.free,
+                                      requested=size)
+        raise NoMemory(f"{base.message}; that exceeds the device's total memory: no device "
+                       "here could ever hold it", details={**base.details, "errno": "EFBIG"})
+
+    def _footprint(self, dev, size: int, ecc: str) -> int:
+        """Bytes an allocation of `size` takes on `dev`: its capacity and its ECC parity."""
+        capacity = round_up(max(size, 1), dev.granularity)
+        return capacity + self.parity.extra(ecc, dev, capacity)
 
     def _protect_resized(self, alloc: Allocation, old_size: int, fresh: bool) -> None:
         """After a resize: parity sized for the new capacity (a new region is encoded
@@ -1019,7 +1041,8 @@ class AllocationManager:
         if hit:
             raise Uncorrectable(
                 f"'{alloc.path}': bytes {hit[0] * BLOCK}-{(hit[-1] + 1) * BLOCK - 1} are "
-                "damaged beyond repair; `gpumemctl recover` retries the repair",
+                "damaged beyond repair, or found damaged and not repaired yet; `gpumemctl "
+                "recover` retries the repair",
                 details={"blocks": hit})
 
     def flush_times(self, alloc: Allocation) -> None:
@@ -1183,8 +1206,8 @@ class AllocationManager:
         """chmod / chown / utimens. chmod: owner or root. chown: only root changes the
         owner; the owner may change the group to one it belongs to; a change of ownership
         clears an allocation's setuid/setgid bits. Times: an explicit time needs owner or
-        root, NOW (the string 'now') needs write permission, as utimensat(2) says. No access
-        time is stored: atime_ns is checked the same way and otherwise ignored.
+        root, NOW (the string 'now') needs write permission, as utimensat(2) says; atime_ns
+        sets the access time (note_access moves it on reads).
         `authorised`: the kernel has applied these rules already (the mount runs with
         default_permissions, and only it knows whether a time was UTIME_NOW)."""
         node, actor = self.node(node_id), cred
@@ -1218,6 +1241,8 @@ class AllocationManager:
         now = time.time_ns()
         if mtime_ns is not None:
             changes["modified_ns"] = now if mtime_ns == NOW else int(mtime_ns)
+        if atime_ns is not None:
+            changes["accessed_ns"] = now if atime_ns == NOW else int(atime_ns)
         changes["changed_ns"] = now
         with self._change(durable=self._has_durable(node),
                           batch=isinstance(node, Allocation) and not node.durable):
@@ -1367,6 +1392,31 @@ class AllocationManager:
             self._require_memory(alloc)
         return self._add_holder(alloc, session, MOUNT_KINDS[writable], cred)
 
+    def truncate_on_open(self, alloc: Allocation, cred: Credentials,
+                         session: Session) -> None:
+        """open(2) with O_TRUNC on the mount: truncate(2) to 0, memory trimmed to one granule
+        and parity with it (resize; Busy while a socket client holds it). The kernel has
+        checked write permission. POSIX moves mtime and ctime even when it was empty."""
+        before = alloc.modified_ns
+        self.resize(alloc, cred, 0, session=session, authorised=True)
+        if alloc.modified_ns == before:            # it was empty: nothing changed
+            self.setattr(alloc.id, cred, mtime_ns=NOW, authorised=True)
+
+    def note_access(self, node: Node) -> None:
+        """A read or a listing on the mount: move the access time by Linux's relatime rule
+        (only when it is not after the modification or change time, or is a day old), so
+        the registry is written once per change or per day, not at every read."""
+        now = time.time_ns()
+        if node.accessed_ns > max(node.modified_ns, node.changed_ns) and \
+                now - node.accessed_ns < RELATIME_NS:
+            return
+        node.accessed_ns = now
+        if self.nodes.get(node.id) is node:        # an unlinked file has no row left
+            # Never fsynced: an access time lost to a power cut harms nobody.
+            with self._change(durable=False,
+                              batch=isinstance(node, Allocation) and not node.durable):
+                self.registry.update_node(node.id, accessed_ns=now)
+
     def release_mount(self, holder: Holder) -> None:
         """close(2) of the last descriptor of a mount handle. A handle that wrote syncs; the
         last writer gives back capacity left spare by write growth (one device copy)."""
@@ -1505,12 +1555,16 @@ class AllocationManager:
             self._verify_piece(alloc, block, count, repair, total)
             block += count
             yield block
-        if repair and not alloc.unlinked:
-            # Damaged blocks this pass checked and repaired are healed; new ones added.
+        if not alloc.unlinked:
+            # Record what this pass found, repaired or not (docs/ecc.md, "Damage"): the
+            # recorded blocks it checked are replaced by what it left damaged, that is
+            # uncorrectable or, without --repair, found and not yet repaired.
             checked = total.pop("checked")
             healed = {b for b in alloc.damaged if any(a <= b < z for a, z in checked)}
-            bad = set(total["uncorrectable_blocks"])
-            self._set_damage(alloc, (alloc.damaged - healed) | bad, None, reason="verify")
+            bad = set(total["uncorrectable_blocks"]) | set(total["damaged"])
+            self._set_damage(alloc, (alloc.damaged - healed) | bad, None,
+                             reason="verify" if repair else "verify without --repair",
+                             judged=repair)
         total.pop("checked", None)
         total["damaged_ranges"] = self.damaged_ranges(alloc)
         return total
@@ -1547,9 +1601,10 @@ class AllocationManager:
             total["checked"].append((a, b))
 
     def _set_damage(self, alloc: Allocation, damaged: set[int], cred: Credentials | None,
-                    reason: str) -> None:
-        """Record the blocks beyond repair: they read as EIO; the allocation is degraded
-        while there are any."""
+                    reason: str, judged: bool = True) -> None:
+        """Record the damaged blocks: beyond repair, or (not `judged`) found by a verify
+        without --repair and not yet repaired. Either way they read as EIO and the
+        allocation is degraded while there are any."""
         if damaged == alloc.damaged and (alloc.state == "degraded") == bool(damaged):
             return
         before = sorted(alloc.damaged)
@@ -1563,9 +1618,13 @@ class AllocationManager:
                             ranges=self.damaged_ranges(alloc))
             else:
                 self._event("healed", alloc, cred, reason=reason, blocks=before)
-        if damaged:
+        if damaged and judged:
             log.error("'%s' has %d block(s) damaged beyond repair (%s): %s", alloc.path,
                       len(damaged), reason, self.damaged_ranges(alloc))
+        elif damaged:
+            log.warning("'%s' has %d damaged block(s) not repaired (%s): %s; `gpumemctl "
+                        "verify --repair` or `recover` repairs what ECC can", alloc.path,
+                        len(damaged), reason, self.damaged_ranges(alloc))
 
     damaged_ranges = staticmethod(damaged_ranges)
 

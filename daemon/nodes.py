@@ -39,6 +39,13 @@ class Node:
     created_ns: int
     modified_ns: int
     changed_ns: int
+    accessed_ns: int | None = None   # last access (utimensat, or a read by the relatime
+                                     # rule: AllocationManager.note_access); None when
+                                     # made: the modification time
+
+    def __post_init__(self) -> None:
+        if self.accessed_ns is None:
+            self.accessed_ns = self.modified_ns
 
     @property
     def path(self) -> str:
@@ -108,5 +115,5 @@ class Allocation(Node):
 
     @property
     def refcount(self) -> int:
-        """Holders plus the durable pin (DESIGN.md, "Holders / refcount")."""
+        """Holders plus the durable pin (docs/design.md, "Lifetimes")."""
         return len(self.holders) + (1 if self.durable else 0)

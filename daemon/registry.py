@@ -19,7 +19,7 @@ import os
 import sqlite3
 import time
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 
@@ -125,12 +125,28 @@ def add_verified_column(db: sqlite3.Connection) -> None:
     """)
 
 
+def add_accessed_column(db: sqlite3.Connection) -> None:
+    """Schema version 4: access times (issue 12: utimensat's atime was dropped, and st_atime
+    showed the modification time)."""
+    execute_script(db, """
+    -- Wall clock (ns since the epoch) of the last access: utimensat(2) sets it, and a read
+    -- or listing on the mount moves it by the relatime rule (docs/mount.md). NULL only in a
+    -- row inserted without it (`check` re-inserting a row): read as modified_ns.
+    ALTER TABLE nodes ADD COLUMN accessed_ns INTEGER;
+    -- Rows from before version 4 never recorded an access: the best guess is the last
+    -- modification, which is what st_atime showed until now.
+    UPDATE nodes SET accessed_ns = modified_ns;
+    """)
+
+
 # Migrations from version N to N+1: MIGRATIONS[N](db). Version 0 is an empty database.
-MIGRATIONS = {0: create_tables, 1: add_damage_table, 2: add_verified_column}
+MIGRATIONS = {0: create_tables, 1: add_damage_table, 2: add_verified_column,
+              3: add_accessed_column}
 
 NODE_COLUMNS = ("id", "parent", "name", "kind", "uid", "gid", "mode", "created_ns",
                 "modified_ns", "changed_ns", "size", "capacity", "device", "durable",
-                "state", "ecc", "parity_gen", "checksum", "unsealed", "verified_ns")
+                "state", "ecc", "parity_gen", "checksum", "unsealed", "verified_ns",
+                "accessed_ns")
 MAX_EVENTS = 100_000  # the event log is pruned to this many rows
 
 

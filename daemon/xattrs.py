@@ -13,6 +13,7 @@
 
 Errors, as Linux filesystems answer them (docs/mount.md has the full table):
 - a bad value for a writable name: EINVAL;
+- a size larger than any device could ever hold: EFBIG; one that does not fit now: ENOSPC;
 - set of a read-only name: EPERM, unless the value equals the current one (then nothing
   happens, so `cp -a`/`rsync -X` between two places on the mount do not fail);
 - get of a name that is not there, or of any name on a directory: ENODATA;

@@ -4,10 +4,30 @@ from __future__ import annotations
 import abc
 import dataclasses
 
-from gpumemctl.protocol import InvalidState, NoMemory, NotFound, format_size
+from gpumemctl.protocol import InvalidState, NoMemory, NotFound, format_size, round_up
 
 
 COPY_CHUNK = 16 << 20   # default zero()/copy() work in pieces this big
+
+
+def _bytes(n: int) -> str:
+    """A byte count for a person and for a script: `16G (17179869184 bytes)`."""
+    return f"{format_size(n)} ({n} bytes)"
+
+
+def _needs(dev: DeviceInfo, requested: int, capacity: int, parity: int, needed: int) -> str:
+    """What a request takes from the device, part by part (empty when it is the request)."""
+    if needed < capacity:        # a resize in place: the allocation already holds the rest
+        return (f", growing the allocation to a capacity of {format_size(capacity)}, "
+                f"needs {_bytes(needed)} more")
+    if needed == requested:
+        return ""
+    parts = [f"capacity {format_size(capacity)}"
+             + (f" (the size rounded up to the device's {format_size(dev.granularity)} "
+                "granularity)" if capacity != requested else "")]
+    if parity:
+        parts.append(f"ECC parity {format_size(parity)}")
+    return f", which needs {_bytes(needed)}: " + " + ".join(parts)
 
 
 class BackendUnavailable(Exception):
@@ -52,24 +72,32 @@ class Backend(abc.ABC):
         raise NotFound(f"no device {text!r} on the {self.name} backend; devices: {known}")
 
     def check_free(self, dev: DeviceInfo, capacity: int, requested: int | None = None) -> None:
+        """Raise the out-of-memory error unless `capacity` bytes (what the step takes from
+        the device: the rounded size, plus the parity for a new allocation, or only the
+        growth for a resize in place) are free; `requested` is the size the user asked for."""
         if capacity > dev.free:
             raise self.no_memory(dev, capacity, dev.free, requested)
 
     @staticmethod
-    def no_memory(dev: DeviceInfo, capacity: int, free: int,
+    def no_memory(dev: DeviceInfo, needed: int, free: int,
                   requested: int | None = None) -> NoMemory:
-        """The out-of-memory error: names the device, its free bytes and the request (and
-        the capacity it rounds up to, when that differs)."""
-        requested = capacity if requested is None else requested
-        rounded = "" if requested == capacity else \
-            f" (capacity {capacity} bytes at the device's {format_size(dev.granularity)} " \
-            "granularity)"
+        """The out-of-memory error, one line that names every number: the size requested,
+        what it needs on the device (the capacity it rounds up to, plus ECC parity for a new
+        allocation, or the growth of a resize), and the device's free and total bytes.
+
+        The callers pass only `needed` and `requested`; the parts are told apart here: the
+        capacity is the request rounded up to the granularity, anything above it is parity,
+        and a `needed` below it is the growth of an allocation that already holds the rest."""
+        requested = needed if requested is None else requested
+        capacity = round_up(requested, dev.granularity)
+        parity = max(0, needed - capacity)
         return NoMemory(
-            f"out of memory on device {dev.index} ({dev.uuid}): {format_size(free)} "
-            f"({free} bytes) free, {format_size(requested)} ({requested} bytes) requested"
-            f"{rounded}",
+            f"out of memory on device {dev.index} ({dev.uuid}): {_bytes(requested)} "
+            f"requested{_needs(dev, requested, capacity, parity, needed)}; "
+            f"{_bytes(free)} free of {format_size(dev.total)} total",
             details={"device": dev.uuid, "index": dev.index, "free": free,
-                     "requested": requested, "capacity": capacity})
+                     "total": dev.total, "requested": requested, "capacity": capacity,
+                     "parity": parity, "needed": needed})
 
     @abc.abstractmethod
     def allocate(self, capacity: int, device: str, label: str) -> Buffer: ...

@@ -1,7 +1,7 @@
 """Tier (b) of the filesystem tests: a real gpumemd with a real FUSE mount in a temp dir.
 
 The backend is the host backend in CI; on the GPU machine the same tests run on the cuda
-backend with GPUMEMD_TEST_BACKEND=cuda (tests/gpu/README or docs/mount.md).
+backend with GPUMEMD_TEST_BACKEND=cuda (docs/gpu.md).
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import struct
 import time
 
 MiB = 1 << 20
@@ -266,6 +267,76 @@ def tst_bad_names(mnt: str) -> None:
     expect_errno(errno.EEXIST, os.mkdir, os.path.join(mnt, ".metadata"))
 
 
+def getdents(path: str) -> list[tuple[str, int, int]]:
+    """(name, d_ino, d_off) of every entry, as getdents64(2) returns them: unlike
+    os.listdir and os.scandir it keeps "." and "..", and d_ino is the filesystem's own
+    number (ls -i and stat(2) show the mounted-on directory's for the mount's "..")."""
+    import ctypes
+    number = {"x86_64": 217, "aarch64": 61}[os.uname().machine]
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(1 << 16)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    out = []
+    try:
+        while (n := libc.syscall(number, fd, buf, len(buf))) > 0:
+            at = 0
+            while at < n:       # struct linux_dirent64: ino u64, off s64, reclen u16, type u8
+                ino, off, reclen = struct.unpack_from("<QqH", buf.raw, at)
+                name = buf.raw[at + 19:at + reclen].split(b"\0", 1)[0]
+                out.append((os.fsdecode(name), ino, off))
+                at += reclen
+        if n < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), path)
+    finally:
+        os.close(fd)
+    return out
+
+
+def tst_dot_entries(mnt: str) -> None:
+    """Every directory lists "." and ".." first, with their inode numbers; the root's ".."
+    is the root; offsets count up from 1 (a listing resumes where it stopped)."""
+    d = os.path.join(mnt, "dots")
+    os.mkdir(d)
+    os.mkdir(os.path.join(d, "sub"))
+    os.close(os.open(os.path.join(d, "f"), os.O_CREAT | os.O_WRONLY))
+    root_ino, d_ino = os.stat(mnt).st_ino, os.stat(d).st_ino
+    assert getdents(d) == [(".", d_ino, 1), ("..", root_ino, 2),
+                           ("f", os.stat(os.path.join(d, "f")).st_ino, 3),
+                           ("sub", os.stat(os.path.join(d, "sub")).st_ino, 4)]
+    sub = getdents(os.path.join(d, "sub"))
+    assert [(name, ino) for name, ino, _ in sub] == [(".", os.stat(
+        os.path.join(d, "sub")).st_ino), ("..", d_ino)]
+    top = getdents(mnt)
+    assert top[:2] == [(".", root_ino, 1), ("..", root_ino, 2)]
+    assert [name for name, _, _ in top[2:]] == ["dots"]        # .metadata stays hidden
+    meta = os.path.join(mnt, ".metadata")
+    meta_root, meta_d = os.stat(meta).st_ino, os.stat(os.path.join(meta, "dots")).st_ino
+    assert getdents(meta)[:2] == [(".", meta_root, 1), ("..", root_ino, 2)]
+    assert [(n, i) for n, i, _ in getdents(os.path.join(meta, "dots"))] == [
+        (".", meta_d), ("..", meta_root),
+        ("f", os.stat(os.path.join(meta, "dots", "f")).st_ino),
+        ("sub", os.stat(os.path.join(meta, "dots", "sub")).st_ino)]
+    assert listing(d) == ["f", "sub"]                        # readdir(3) users see no change
+    os.unlink(os.path.join(d, "f"))
+    os.rmdir(os.path.join(d, "sub"))
+    os.rmdir(d)
+
+
+def tst_overwrite_truncates(mnt: str) -> None:
+    """open(O_TRUNC) of an existing file empties it before the new bytes go in."""
+    f = os.path.join(mnt, "over")
+    with open(f, "wb") as fh:
+        fh.write(pattern(3 * MiB))
+    with open(f, "wb") as fh:
+        fh.write(b"short")
+    with open(f, "rb") as fh:
+        assert fh.read() == b"short"
+    os.close(os.open(f, os.O_WRONLY | os.O_TRUNC))
+    assert os.stat(f).st_size == 0
+    os.unlink(f)
+
+
 ALL = [tst_create_empty, tst_write_read, tst_append, tst_truncate, tst_unlink_open,
        tst_mkdir_rmdir, tst_readdir, tst_rename, tst_chmod_chown_utimes,
-       tst_mtime_follows_writes, tst_links, tst_fsync, tst_statfs, tst_bad_names]
+       tst_mtime_follows_writes, tst_links, tst_fsync, tst_statfs, tst_bad_names,
+       tst_dot_entries, tst_overwrite_truncates]

@@ -100,18 +100,24 @@ def test_resize_refused_while_a_client_holds_an_fd(mounted):
 
 
 def test_device_full_is_enospc(mounted):
+    """A size the device could hold, but not with what is free now (larger than any device:
+    EFBIG, test_setid_atime_efbig.py)."""
+    total = max(d["total"] for d in mounted.cli_json("devices"))
+    mounted.cli("create", "hog", "--size", str(total // 2), check=True)
     f = os.path.join(mounted.mnt, "f")
     os.close(os.open(f, os.O_CREAT | os.O_WRONLY))
-    vfs = os.statvfs(mounted.mnt)
-    too_big = 2 * vfs.f_blocks * vfs.f_frsize           # twice the device (any backend)
-    expect_errno(errno.ENOSPC, os.setxattr, f, "user.gpu.size", str(too_big).encode())
-    expect_errno(errno.ENOSPC, os.truncate, f, too_big)
+    wanted = total * 3 // 4 // MiB * MiB
+    expect_errno(errno.ENOSPC, os.setxattr, f, "user.gpu.size", str(wanted).encode())
+    expect_errno(errno.ENOSPC, os.truncate, f, wanted)
     fd = os.open(f, os.O_WRONLY)
     try:
-        expect_errno(errno.ENOSPC, os.pwrite, fd, b"x", too_big)
+        expect_errno(errno.ENOSPC, os.pwrite, fd, b"x", wanted)
     finally:
         os.close(fd)
     assert get(f, "user.gpu.state") == "pending"
+    mounted.cli("rm", "hog", check=True)
+    os.setxattr(f, "user.gpu.size", str(wanted).encode())       # room again: it fits
+    assert os.stat(f).st_size == wanted
 
 
 def test_durable_via_xattr_survives_kill9(mounted):
