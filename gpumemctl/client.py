@@ -9,18 +9,26 @@ the client maps it (gpumemctl.memory): on the host backend a memfd, mapped with 
 opens get a read-only fd); on the cuda backend an exported CUDA allocation, imported and
 mapped into this process's CUDA context (read-only access for read-only opens) and copied
 through pinned staging buffers. CUDA is imported only in the second case.
+
+A CLI call makes one Client and one request, so what this module imports at the top is paid
+by every `gpumemctl ls`: the C cores `_socket` and `_thread` rather than `socket` and
+`threading` (their Python layers import `enum`, `selectors` and `collections`, several
+milliseconds), and the memory mapping only when an allocation is opened.
 """
 from __future__ import annotations
 
 import errno
 import os
-import socket
-import threading
-from typing import BinaryIO, Callable, Iterator
+from _socket import AF_UNIX, SHUT_RDWR, SOCK_CLOEXEC, SOCK_STREAM
+from _socket import socket as unix_socket
+from _thread import allocate_lock  # what threading.Lock() returns
 
-from .memory import open_memory
 from .protocol import (PROTOCOL_VERSION, NotRunning, ProtocolError, UsageError,
                        default_socket, error_from_wire, framing, parse_size)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import BinaryIO, Callable, Iterator
 
 
 class Handle:
@@ -30,6 +38,7 @@ class Handle:
                  backend: str = "host"):
         self.client, self.id, self.info, self.writable = client, handle_id, info, writable
         self.size, self.backend = info["size"], backend
+        from .memory import open_memory
         self.memory = open_memory(backend, fd, info, writable)
         self.map = getattr(self.memory, "map", None)     # the mmap, on the host backend
         self._written: dict | None = None
@@ -80,11 +89,11 @@ class Client:
     def __init__(self, socket_path: str | None = None, *, client_name: str = "gpumemctl",
                  timeout: float | None = 60.0):
         self.socket_path = socket_path or default_socket()
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
         self._next_id = 0
         self._closed = False
         self._pid = os.getpid()
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock = unix_socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC)
         try:
             # Connect blocking: with a timeout set, a full listen backlog makes connect() fail
             # with EAGAIN, which would read as "not running" during a burst of clients.
@@ -155,7 +164,7 @@ class Client:
             # shutdown() wakes a thread blocked in recv() on this socket (close() alone
             # does not). Not in a forked child: that would cut its parent's connection.
             try:
-                self.sock.shutdown(socket.SHUT_RDWR)
+                self.sock.shutdown(SHUT_RDWR)
             except OSError:
                 pass
         self.sock.close()

@@ -1,7 +1,7 @@
 """The one module that calls the CUDA driver API (`cuda.bindings.driver`, cuda-python >= 12.6).
 
 Why one module: every CUresult is checked in one place and becomes one typed exception, and
-the rest of the project never sees raw bindings (DESIGN.md). The daemon's cuda backend, the
+the rest of the project never sees raw bindings (docs/design.md). The daemon's cuda backend, the
 client's data path and `gpumemctl.attach()` all use it; it imports nothing of gpumemctl, so the
 daemon may import it without importing the client (docs/architecture.md).
 

@@ -1,17 +1,20 @@
 """How values are read from and written for people, shared by the CLI and the TUI
-(`gpumemctl top`). Standard library only: the CLI imports it at start-up."""
+(`gpumemctl top`). Standard library only, imported where used: the CLI loads this module on
+its fast path (gpumemctl/fastargs.py), where every module counts.
+
+Nothing here prints Python's `None`, `True` or a list repr: a value that is not known is
+`-` (or `n/a` for GPU telemetry that NVML cannot give), and a field without a value is left
+out of event lines.
+"""
 from __future__ import annotations
 
-import datetime
-import re
-
-from .protocol import UsageError
+from .protocol import UsageError, format_size
 
 
 def parse_mode(text: str) -> int:
     """Octal permission bits, e.g. "0640"; anything else is a usage error naming it."""
     text = text.strip()
-    if not re.fullmatch(r"[0-7]{1,4}", text):
+    if not (1 <= len(text) <= 4 and all(ch in "01234567" for ch in text)):
         raise UsageError(f"invalid mode {text!r}: expected octal permission bits 0000-7777, "
                          "such as 0640")
     return int(text, 8)
@@ -29,9 +32,86 @@ def duration(seconds: float | None, unknown: str = "unknown") -> str:
 
 def event_line(e: dict, *, date: bool = True) -> str:
     """One event as `gpumemctl events` prints it; without `date`, the time of day only
-    and no id (the TUI's narrow events panel)."""
+    and no id (the TUI's narrow events panel). Details without a value are left out."""
+    import datetime
     when = datetime.datetime.fromtimestamp(e["time_ns"] / 1e9, tz=datetime.timezone.utc)
     who = f" uid={e['uid']}" if e.get("uid") is not None else ""
-    detail = " ".join(f"{k}={v}" for k, v in sorted(e.get("detail", {}).items()))
+    detail = " ".join(f"{k}={v}" for k, v in sorted(e.get("detail", {}).items())
+                      if v is not None)
     head = f"{e['id']:>6} {when:%Y-%m-%dT%H:%M:%SZ}" if date else f"{when:%H:%M:%S}"
     return f"{head} {e['kind']:<9} {e.get('path') or '-'}{who} {detail}".rstrip()
+
+
+def byte_ranges(ranges: list) -> str:
+    """[[0, 131072], [262144, 393216]] (half-open) as "0-131071, 262144-393215"; "none"."""
+    return ", ".join(f"{start}-{end - 1}" for start, end in ranges) or "none"
+
+
+def plain(value) -> str:
+    """A JSON value for a person: `-` for null, yes/no for booleans, lists comma-joined."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(plain(v) for v in value) or "none"
+    return str(value)
+
+
+# ---- GPU telemetry (fields: docs/telemetry.md; None is shown as n/a) ----------------------
+def na(value, template: str = "{}") -> str:
+    return "n/a" if value is None else template.format(value)
+
+
+def yes_no(value) -> str:
+    return "n/a" if value is None else ("YES" if value else "no")
+
+
+def memory_use(d: dict) -> str:
+    """NVML's view (every process on the GPU) where there is one, else the backend's."""
+    if d.get("memory_used") is not None and d.get("memory_total") is not None:
+        return f"{format_size(d['memory_used'])}/{format_size(d['memory_total'])}"
+    return f"{format_size(d['total'] - d['free'])}/{format_size(d['total'])}"
+
+
+def power(d: dict) -> str:
+    if d.get("power_w") is None:
+        return "n/a"
+    return f"{d['power_w']:.0f}/{na(d.get('power_limit_w'), '{:.0f}')}W"
+
+
+def ecc_mode(d: dict) -> str:
+    now, pending = d.get("ecc_enabled"), d.get("ecc_enabled_pending")
+    if now is None:
+        return "n/a"
+    text = "on" if now else "off"
+    if pending is not None and pending != now:
+        text += "->" + ("on" if pending else "off") + " at reset"
+    return text
+
+
+def uncorrected(d: dict) -> str:
+    vol, agg = d.get("ecc_volatile_uncorrected"), d.get("ecc_aggregate_uncorrected")
+    return "n/a" if vol is None and agg is None else f"{na(vol)}/{na(agg)}"
+
+
+def remapped(d: dict) -> str:
+    pending, failure = d.get("remapped_pending"), d.get("remapped_failure")
+    return "n/a" if pending is None and failure is None else \
+        f"{yes_no(pending)}/{yes_no(failure)}"
+
+
+def pcie(d: dict) -> str:
+    if d.get("pcie_gen") is None and d.get("pcie_width") is None:
+        return "n/a"
+    return f"gen{na(d.get('pcie_gen'))} x{na(d.get('pcie_width'))}"
+
+
+def telemetry_summary(d: dict) -> str:
+    """The essentials of one GPU on one line (for `status`)."""
+    if d.get("telemetry") != "nvml":
+        return f"telemetry {d.get('telemetry') or 'unavailable'}"
+    return (f"util {na(d.get('utilization_gpu'), '{}%')}, "
+            f"{na(d.get('temperature_c'), '{}C')}, {power(d)}, ECC {ecc_mode(d)} "
+            f"(uncorrected volatile/aggregate {uncorrected(d)}), remapped rows "
+            f"pending/failure {remapped(d)}, PCIe {pcie(d)}")

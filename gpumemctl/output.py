@@ -4,11 +4,11 @@ A user error is one line on stderr ("gpumemctl: error: ..."); a bug prints its t
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 from .protocol import format_size
+from .protocol.jsontext import dumps as compact_json
 
 
 def data(text: str = "") -> None:
@@ -19,15 +19,23 @@ def emit_json(obj) -> None:
     """Indented for a person at a terminal; compact (and C-encoded, ~10x faster for big
     listings) when piped into jq or a script."""
     if sys.stdout.isatty():
+        import json
         text = json.dumps(obj, indent=2, sort_keys=True)
     else:
         # Key order is the daemon's, fixed by daemon/describe.py: no need to sort again.
-        text = json.dumps(obj, separators=(",", ":"))
+        text = compact_json(obj)
     sys.stdout.write(text + "\n")
 
 
 def error(message: str) -> None:
     print(f"gpumemctl: error: {message}", file=sys.stderr)
+
+
+def usage_error(message: str, hint: str | None) -> None:
+    """A command line that cannot run: the error line, then where help is."""
+    error(message)
+    if hint:
+        print(hint, file=sys.stderr)
 
 
 def note(message: str) -> None:

@@ -1,5 +1,5 @@
 """Messages from the monitor's workers to the app. Workers only post these; the handlers
-on the app own every change of state (STYLE.md)."""
+on the app own every change of state (docs/tui.md)."""
 from __future__ import annotations
 
 from textual.message import Message

@@ -51,7 +51,7 @@ def relative(path: str, cwd: str) -> str:
 
 
 def holders(entry: dict) -> int:
-    """Holders without the durable pin (DESIGN.md: refcount = holders + durable pin)."""
+    """Holders without the durable pin (docs/design.md: refcount = holders + durable pin)."""
     return entry.get("refcount", 0) - (1 if entry.get("durable") else 0)
 
 

@@ -1,7 +1,7 @@
 """The wire contract between gpumemd and its clients: framing, errors, names, sizes.
 
 Standard library only: the daemon, the keeper and the CLI all import it, and nothing else of
-`gpumemctl` may be imported by the daemon (DESIGN.md, dependency direction).
+`gpumemctl` may be imported by the daemon (docs/design.md, "Architecture").
 """
 from .defaults import PROTOCOL_VERSION, SOCKET_ENV, default_socket, default_state_dir
 from .errors import (ERROR_TABLE, Busy, Exists, GpumemError, InternalError, InvalidState,

@@ -1,4 +1,4 @@
-"""Default paths shared by the daemon and the client (DESIGN.md, "Defaults")."""
+"""Default paths shared by the daemon and the client (docs/design.md, "Defaults")."""
 from __future__ import annotations
 
 import os

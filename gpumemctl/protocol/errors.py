@@ -1,7 +1,7 @@
 """The numbered error table shared by the daemon, the wire and the CLI.
 
 Every error the daemon can answer has a code, and the code *is* the CLI's exit status
-(DESIGN.md, "Exit codes"). The man page's EXIT STATUS table and the tests are generated from
+(docs/design.md, "Exit codes"). The man page's EXIT STATUS table and the tests are generated from
 `ERROR_TABLE`, so adding a code here is the only step needed to publish it.
 """
 from __future__ import annotations

@@ -15,28 +15,32 @@ See docs/protocol.md.
 """
 from __future__ import annotations
 
-import array
-import json
 import os
-import socket
 import struct
 
+# The C core of the socket module: these constants are all framing needs, and importing
+# `socket` itself (its enum classes, `selectors`) costs every CLI call milliseconds
+# (protocol/jsontext.py says why that counts). Sockets here are blocking socket objects.
+from _socket import CMSG_SPACE, MSG_CMSG_CLOEXEC, MSG_CTRUNC, SCM_RIGHTS, SOL_SOCKET
+
+from . import jsontext
 from .errors import ProtocolError
 
 MAGIC = b"GMP1"
 HEADER = struct.Struct("!4sIHH")
 HEADER_SIZE = HEADER.size
 MAX_FDS_PER_FRAME = 16
+FD_BYTES = struct.calcsize("i")      # an fd in SCM_RIGHTS data: a C int, native order
 # A request is small; an answer may list many allocations. Each side enforces its own limit.
 MAX_REQUEST_BYTES = 1 << 20
 MAX_RESPONSE_BYTES = 1 << 28
-_ANC_SIZE = socket.CMSG_SPACE(MAX_FDS_PER_FRAME * 4)
+_ANC_SIZE = CMSG_SPACE(MAX_FDS_PER_FRAME * FD_BYTES)
 
 
 def encode(message: dict, nfds: int = 0) -> bytes:
     if nfds > MAX_FDS_PER_FRAME:
         raise ProtocolError(f"{nfds} fds in one frame; at most {MAX_FDS_PER_FRAME} allowed")
-    payload = json.dumps(message, separators=(",", ":")).encode("utf-8", "surrogateescape")
+    payload = jsontext.dumps(message).encode("utf-8", "surrogateescape")
     return HEADER.pack(MAGIC, len(payload), nfds, 0) + payload
 
 
@@ -57,7 +61,7 @@ def parse_header(header: bytes, max_bytes: int) -> tuple[int, int]:
 
 def decode_payload(payload: bytes) -> dict:
     try:
-        message = json.loads(payload.decode("utf-8", "surrogateescape"))
+        message = jsontext.loads(payload.decode("utf-8", "surrogateescape"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError(f"frame payload is not JSON: {exc}") from None
     if not isinstance(message, dict):
@@ -69,11 +73,9 @@ def fds_from_ancillary(ancdata, msg_flags: int) -> list[int]:
     """Collect passed fds; on truncation close what did arrive and fail."""
     fds: list[int] = []
     for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            arr = array.array("i")
-            arr.frombytes(data[: len(data) - (len(data) % arr.itemsize)])
-            fds.extend(arr)
-    if msg_flags & socket.MSG_CTRUNC:
+        if level == SOL_SOCKET and kind == SCM_RIGHTS:
+            fds.extend(memoryview(data[: len(data) - (len(data) % FD_BYTES)]).cast("i"))
+    if msg_flags & MSG_CTRUNC:
         close_fds(fds)
         raise ProtocolError(f"too many fds in one frame; at most {MAX_FDS_PER_FRAME} allowed")
     return fds
@@ -94,19 +96,19 @@ def close_fds(fds) -> None:
 
 
 def ancillary(fds: list[int]):
-    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    return [(SOL_SOCKET, SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
 
 
 # ---- blocking side (client, keeper) ---------------------------------------------------
 
-def send_frame(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
+def send_frame(sock, message: dict, fds: list[int] = ()) -> None:
     data = encode(message, len(fds))
     sent = sock.sendmsg([data], ancillary(list(fds)))
     if sent < len(data):
         sock.sendall(data[sent:])
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock, n: int) -> bytes:
     chunks, got = [], 0
     while got < n:
         chunk = sock.recv(min(n - got, 1 << 20))
@@ -117,9 +119,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_frame(sock: socket.socket, max_bytes: int) -> tuple[dict, list[int]]:
+def recv_frame(sock, max_bytes: int) -> tuple[dict, list[int]]:
     """Read one frame. Raises EOFError on a clean close before a frame starts."""
-    header, ancdata, flags, _ = sock.recvmsg(HEADER_SIZE, _ANC_SIZE, socket.MSG_CMSG_CLOEXEC)
+    header, ancdata, flags, _ = sock.recvmsg(HEADER_SIZE, _ANC_SIZE, MSG_CMSG_CLOEXEC)
     fds = fds_from_ancillary(ancdata, flags)
     try:
         if not header:
@@ -149,7 +151,7 @@ async def arecv_exact(sock, n: int) -> bytes:
 
 async def arecv_frame(sock, max_bytes: int) -> tuple[dict, list[int]]:
     header, ancdata, flags, _ = await sock.recvmsg(HEADER_SIZE, _ANC_SIZE,
-                                                   socket.MSG_CMSG_CLOEXEC)
+                                                   MSG_CMSG_CLOEXEC)
     fds = fds_from_ancillary(ancdata, flags)
     try:
         if not header:

@@ -1,6 +1,6 @@
 """Allocation names: paths in the one namespace shared by the socket API and the mount.
 
-Rules (DESIGN.md, "Names and permissions"): components of 1-255 bytes, no NUL, no `/` inside a
+Rules (docs/design.md, "Names and permissions"): components of 1-255 bytes, no NUL, no `/` inside a
 component, not `.` or `..`, at most 4096 bytes in all. One leading `/` is accepted and dropped,
 so `/models/a` and `models/a` name the same thing. Names are bytes on Linux; on the wire they
 travel as str with surrogateescape (os.fsdecode), so any byte except NUL and `/` is allowed.

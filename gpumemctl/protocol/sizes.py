@@ -1,4 +1,4 @@
-"""Size parsing and formatting (DESIGN.md, "Sizes").
+"""Size parsing and formatting (docs/design.md, "Sizes").
 
 Accepted: a whole number of bytes (`4096`), or a number (fractions allowed) with a unit.
 K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024; kB/KB/MB/GB/TB powers of 1000; B is bytes.
@@ -6,9 +6,6 @@ The result must be a whole number of bytes between 1 and 2**62. Anything else is
 that names the value and says what is allowed.
 """
 from __future__ import annotations
-
-import re
-from decimal import Decimal, InvalidOperation
 
 from .errors import UsageError
 
@@ -20,7 +17,7 @@ UNITS = {
     "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
     "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+SIZE_PATTERN = r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$"
 ALLOWED = "a whole number of bytes or a number with a unit: 4096, 64K, 64KiB, 1.5G, 2GB " \
           "(K/M/G/T and KiB..TiB = 1024-based; kB/MB/GB/TB = 1000-based)"
 
@@ -30,7 +27,10 @@ def parse_size(text: str | int, *, allow_zero: bool = False) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        match = _SIZE_RE.match(str(text))
+        # Imported on first use: `gpumemctl ls` needs neither (protocol/jsontext.py: why).
+        import re
+        from decimal import Decimal, InvalidOperation
+        match = re.match(SIZE_PATTERN, str(text))
         if not match or match.group(2) not in UNITS:
             raise UsageError(f"invalid size {str(text)!r}: expected {ALLOWED}")
         try:

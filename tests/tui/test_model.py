@@ -1,5 +1,5 @@
 """What the table shows, without a terminal: filtering, sorting, cells, ages; and the
-dependency direction (DESIGN.md: tui -> gpumemctl, never the daemon)."""
+dependency direction (docs/design.md: tui -> gpumemctl, never the daemon)."""
 from __future__ import annotations
 
 import subprocess

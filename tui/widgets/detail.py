@@ -5,6 +5,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from gpumemctl.formats import byte_ranges, plain
 from gpumemctl.protocol import format_size
 
 # Shown first, in this order; the rest follow sorted, as `info` prints them.
@@ -23,10 +24,10 @@ def info_lines(info: dict) -> Text:
         elif key in ("size", "capacity") and value is not None:
             value = f"{format_size(value)} ({value})"
         elif key == "damaged":
-            value = ", ".join(f"{a}-{b}" for a, b in value) or "none"
+            value = byte_ranges(value)          # as `gpumemctl info` shows them
         style = "bold red" if (key == "state" and value in ("degraded", "lost")) else ""
         text.append(f"{key:<12}", style="bold")
-        text.append(f" {value}\n", style=style)
+        text.append(f" {plain(value)}\n", style=style)    # no bare None or True
     return text
 
 
