@@ -1,5 +1,7 @@
 # Two commands (README): `make run` starts gpumemd in the foreground, `make test` runs the
-# whole test suite. Each bootstraps what it needs first (scripts/bootstrap.sh).
+# whole test suite. Each bootstraps what it needs first, and only that (scripts/bootstrap.sh
+# run: the daemon's system packages and the project; test: also the test extra and the
+# programs the tests drive).
 VENV ?= .venv
 GPUMEMD_ARGS ?=
 # The mount point (docs/mount.md); `make run MOUNT=` runs without a mount.
@@ -19,15 +21,18 @@ FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 UNITS = gpumemd.service gpumemd-scrub.service gpumemd-scrub.timer
 
-.PHONY: run test bootstrap bench generated install uninstall
+.PHONY: run test bootstrap bootstrap-test bench generated install uninstall
 
 bootstrap:
-	@VENV=$(VENV) sh scripts/bootstrap.sh
+	@VENV=$(VENV) sh scripts/bootstrap.sh run
+
+bootstrap-test:
+	@VENV=$(VENV) sh scripts/bootstrap.sh test
 
 run: bootstrap
 	$(VENV)/bin/gpumemd --backend auto $(if $(MOUNT),--mount $(MOUNT)) $(GPUMEMD_ARGS)
 
-test: bootstrap
+test: bootstrap-test
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 bench: bootstrap

@@ -261,7 +261,7 @@ def print_table(fig: dict, rows: list[dict]) -> None:
                          r["of_read"].rjust(widths[2]), r["target"].ljust(widths[3]),
                          r["ok"]]).rstrip())
     print(f"targets: verify >= {TARGETS['verify']} TB/s and encode >= {TARGETS['encode']} TB/s "
-          f"of data on an H100 (read bound ~3.1 TB/s, ../shared/ECC.md); CPU codec >= "
+          f"of data on an H100 (read bound ~3.1 TB/s, docs/ecc.md); CPU codec >= "
           f"{TARGETS['cpu']:.0f} MB/s")
 
 

@@ -144,7 +144,7 @@ KEYS: tuple[Key, ...] = (
         _choice(*LOG_LEVELS), "--log-level"),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
-        'alice = "512G"', _quotas),
+        'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
 )
 KEY_NAMES = tuple(k.name for k in KEYS)
 _BY_NAME = {k.name: k for k in KEYS}

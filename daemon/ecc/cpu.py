@@ -1,5 +1,5 @@
 """The numpy ECC codec: RS(136,128) parity over interleaved 128 KiB blocks, plus per-block
-checksums (layout: ../shared/ECC.md and layout.py; checksum, status codes, rules: docs/ecc.md).
+checksums (layout, checksum, status codes, rules: docs/ecc.md; constants: layout.py).
 
 Every function takes whole blocks as flat uint8 arrays (views of an mmap are fine: nothing is
 copied wholesale, and in-place writes land in the caller's memory); n = len(data) // BLOCK:

@@ -1,5 +1,5 @@
 """The CUDA ECC codec: RS(136,128) parity and per-block checksums on device memory
-(layout: ../shared/ECC.md and layout.py; checksum, status codes and rules: docs/ecc.md).
+(layout, checksum, status codes and rules: docs/ecc.md; constants: layout.py).
 
 The kernels live in kernels.cu beside this file. GpuCodec compiles them with NVRTC for the
 device's architecture (a cubin for sm_XY, or PTX for the newest architecture NVRTC knows when it

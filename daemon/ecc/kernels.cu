@@ -1,6 +1,6 @@
 // The GPU ECC codec's kernels (daemon/ecc/gpu.py compiles this file with NVRTC; no includes).
 //
-// Layout (../shared/ECC.md, daemon/ecc/layout.py): data block b is 128 KiB = 128 rows of 1024
+// Layout (docs/ecc.md, daemon/ecc/layout.py): data block b is 128 KiB = 128 rows of 1024
 // bytes; codeword c of a block takes message byte m_j = row j, column c, and its parity byte p_i
 // sits at parity[b*8192 + i*1024 + c]. RS(136,128) over GF(2^8), polynomial 0x11D, alpha = 2,
 // generator g(x) = (x - a^1)...(x - a^8), codeword position k = coefficient of x^(135-k).

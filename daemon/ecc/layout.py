@@ -1,4 +1,4 @@
-"""The ECC layout, version 1 (../shared/ECC.md), and the per-block checksum (docs/ecc.md).
+"""The ECC layout, version 1, and the per-block checksum (both in docs/ecc.md).
 
 Data block b: bytes [b*BLOCK, (b+1)*BLOCK) of an allocation. Its parity: bytes
 [b*PARITY_BLOCK, (b+1)*PARITY_BLOCK) of the parity region. Codeword c (0 <= c < CODEWORDS)

@@ -1,7 +1,7 @@
 """The CUDA ECC codec (daemon/ecc/gpu.py, kernels.cu) on a real GPU: pytest -m gpu.
 
 Buffers are CuPy arrays (their device pointers go to the codec); random data is made on the GPU.
-References: the ECC.md vectors, the numpy codec (daemon/ecc/cpu.py) where it exists, and the
+References: the vectors of docs/ecc.md, the numpy codec (daemon/ecc/cpu.py) where it exists, and the
 independent library reedsolo on samples. Without a GPU every test here skips with conftest's one
 reason; importing this module needs neither CUDA nor CuPy.
 """
@@ -20,7 +20,7 @@ GiB = 1 << 30
 HAVE_CUPY = importlib.util.find_spec("cupy") is not None
 HAVE_REEDSOLO = importlib.util.find_spec("reedsolo") is not None
 
-VECTORS = [   # (name, parity sha256, parity[0:32] hex) from ../shared/ECC.md
+VECTORS = [   # (name, parity sha256, parity[0:32] hex) from docs/ecc.md ("Test vectors")
     ("shake", "e8aeeca4805bbd57e6c4075ab0db5af8e6cf7407c924fb9670bfa851b34e822e",
      "7feee2cf4a93681ececb38abbfbcf1a709f94dc406ab4f708d1378e1ae80aead"),
     ("zeros", "9f1dcbc35c350d6027f98be0f5c8b43b42ca52b7604459c0c42be3aa88913d47", "00" * 32),

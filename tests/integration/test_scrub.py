@@ -58,7 +58,7 @@ def test_clean_scrub_is_quiet_for_cron(d):
     make(d, "a")
     assert d.cli("scrub", "--wait", "--quiet", check=0).stdout == b""
     assert status(d)["last"]["totals"]["corrected"] == 0
-    # The pinned form `scrub start` (DESIGN.md) is the same command.
+    # The pinned form `scrub start` (docs/design.md) is the same command.
     first = status(d)["last"]["finished_ns"]
     assert d.cli("scrub", "start", "--wait", "--quiet", check=0).stdout == b""
     assert status(d)["last"]["finished_ns"] > first

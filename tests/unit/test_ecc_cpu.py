@@ -1,4 +1,4 @@
-"""The numpy ECC codec (daemon/ecc/cpu.py) against ../shared/ECC.md, docs/ecc.md and the
+"""The numpy ECC codec (daemon/ecc/cpu.py) against docs/ecc.md (its test vectors) and the
 independent reedsolo library. No timing here: `python -m daemon.ecc.cpu` measures speed."""
 from __future__ import annotations
 
