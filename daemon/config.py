@@ -18,7 +18,8 @@ import os
 import pwd
 import re
 import tomllib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from gpumemctl.protocol import UsageError, parse_size
 
@@ -108,6 +109,16 @@ def _quotas(value) -> dict[int, int]:
     return limits
 
 
+MIN_EVENT_LOG_SIZE = 64 << 10     # a few events' worth: less would keep next to nothing
+
+
+def _event_log_size(value) -> int:
+    size = _size(zero_ok=False)(value)
+    if size < MIN_EVENT_LOG_SIZE:
+        raise BadValue(f"expected at least 64K ({MIN_EVENT_LOG_SIZE} bytes)")
+    return size
+
+
 @dataclasses.dataclass(frozen=True)
 class Key:
     name: str
@@ -142,6 +153,9 @@ KEYS: tuple[Key, ...] = (
         _size(zero_ok=False), "--host-capacity"),
     Key("log_level", "string", "info", "debug, info, warning or error",
         _choice(*LOG_LEVELS), "--log-level"),
+    Key("event_log_size", "size", "64M",
+        "bytes of event-log text (details and paths) the registry keeps, at least 64K; the "
+        "oldest events go first, as they do past 100,000 events", _event_log_size),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -162,6 +176,7 @@ class Config:
     scrub_rate: int | None = None
     host_capacity: int | None = None
     log_level: str | None = None
+    event_log_size: int | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -262,5 +277,6 @@ def apply(args, config: Config) -> None:
     args.ecc = config.ecc or "rs"
     args.scrub_rate = config.scrub_rate or None     # 0: the duty cycle (daemon/scrub.py)
     args.quotas = dict(config.quotas)
+    args.event_log_size = config.event_log_size     # None: the registry's default (64 MiB)
     args.config_path = config.path
 

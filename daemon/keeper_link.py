@@ -12,14 +12,29 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 from gpumemctl.protocol import framing
 
 from . import systemd
 
 
+# A keeper answers a call in well under a millisecond. One that takes seconds is stopped
+# (SIGSTOP, a debugger) or starved; the daemon's event loop must not wait on it for long,
+# since every client waits with it. Start-up (spawn, fetch of every fd) may take longer.
+CALL_TIMEOUT = 3.0
+START_TIMEOUT = 30.0
+
+
 class KeeperGone(Exception):
     """The keeper died or cannot be reached."""
+
+
+class KeeperStalled(KeeperGone):
+    """The keeper did not answer in time. What it did with the unanswered request is not
+    known, so calls are refused from then on (at once: one stall costs one request's
+    timeout, not one per request) until the daemon has probed it back to life and
+    reconciled what it holds (AllocationManager.reconcile_keeper)."""
 
 
 class ProcessKeeper:
@@ -32,11 +47,16 @@ class ProcessKeeper:
         self.sock: socket.socket | None = None
         self.pid: int | None = None
         self._next_id = 0
+        self.stalled_since: float | None = None    # time.monotonic() of the last timeout
+
+    @property
+    def stalled(self) -> bool:
+        return self.stalled_since is not None
 
     # ---- connection -------------------------------------------------------------------
-    def _connect(self) -> socket.socket:
+    def _connect(self, timeout: float = CALL_TIMEOUT) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        sock.settimeout(30)
+        sock.settimeout(timeout)
         sock.connect(self.path)
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
@@ -48,16 +68,42 @@ class ProcessKeeper:
     def ensure_running(self) -> bool:
         """Connect to the keeper, starting one if none answers. True when one was started."""
         self.close()
+        self.stalled_since = None
         started = False
         try:
-            self.sock = self._connect()
+            self.sock = self._connect(START_TIMEOUT)
         except (FileNotFoundError, ConnectionRefusedError):
             self._spawn()
-            self.sock = self._connect()
+            self.sock = self._connect(START_TIMEOUT)
             started = True
         # SO_PEERCRED names the process that called listen(), which forked and exited.
         self.pid = self._call("hello")["pid"]
+        self.sock.settimeout(CALL_TIMEOUT)
         return started
+
+    def probe(self) -> socket.socket | None:
+        """A fresh connection to a keeper that answers `hello` within CALL_TIMEOUT, or None.
+        Blocks for up to that long, so the daemon runs it on a worker thread; it touches no
+        state of this object."""
+        try:
+            sock = self._connect()
+        except (OSError, KeeperGone):
+            return None
+        try:
+            framing.send_frame(sock, {"id": 0, "op": "hello"})
+            reply, fds = framing.recv_frame(sock, framing.MAX_RESPONSE_BYTES)
+            framing.close_fds(fds)
+            if reply.get("ok"):
+                return sock
+        except (OSError, EOFError, framing.ProtocolError):
+            pass
+        sock.close()
+        return None
+
+    def resume(self, sock: socket.socket) -> None:
+        """Use a connection that probe() found answering; calls are allowed again."""
+        self.close()
+        self.sock, self.stalled_since = sock, None
 
     def _spawn(self) -> None:
         with open(self.logfile, "ab") as log:
@@ -82,15 +128,27 @@ class ProcessKeeper:
         return env
 
     def _call(self, op: str, fds: list[int] = (), **args) -> dict:
-        if self.sock is None:
-            raise KeeperGone("not connected to the keeper")
+        if self.stalled_since is not None:
+            waited = time.monotonic() - self.stalled_since
+            raise KeeperStalled(f"the keeper (pid {self.pid}) has not answered for "
+                                f"{waited:.0f} s; durable changes wait until it does")
+        if self.sock is None:           # lost earlier: a keeper that answers again is reused
+            try:
+                self.sock = self._connect()
+            except OSError as exc:
+                raise KeeperGone(f"not connected to the keeper: {exc}") from None
         self._next_id += 1
         try:
             framing.send_frame(self.sock, {"id": self._next_id, "op": op, **args}, fds)
             reply, extra = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
+        except TimeoutError:
+            self.close()
+            self.stalled_since = time.monotonic()
+            raise KeeperStalled(f"the keeper (pid {self.pid}) did not answer {op!r} within "
+                                f"{CALL_TIMEOUT:.0f} s; durable changes wait until it "
+                                "does") from None
         except (OSError, EOFError) as exc:
-            self.sock.close()
-            self.sock = None
+            self.close()
             raise KeeperGone(f"lost the keeper: {exc}") from None
         framing.close_fds(extra)
         if not reply.get("ok"):
@@ -108,20 +166,29 @@ class ProcessKeeper:
         """Every kept fd, by key (the keeper keeps its own copies)."""
         self._next_id += 1
         kept: dict[int, list[int]] = {}
+        if self.sock is None:
+            raise KeeperGone("not connected to the keeper")
+        self.sock.settimeout(START_TIMEOUT)        # start-up: thousands of fds may come
         try:
             framing.send_frame(self.sock, {"id": self._next_id, "op": "fetch"})
             while True:
                 reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
                 if "key" not in reply:
+                    self.sock.settimeout(CALL_TIMEOUT)
                     return kept
                 kept[int(reply["key"])] = fds
         except (OSError, EOFError) as exc:
             for fds in kept.values():
                 framing.close_fds(fds)
+            self.close()
             raise KeeperGone(f"lost the keeper while fetching: {exc}") from None
 
     def keys(self) -> list[int]:
         return [int(k["key"]) for k in self._call("list")["keys"]]
+
+    def entries(self) -> dict[int, dict] | None:
+        """The meta each key was deposited with (daemon/orphans.py reads its `registry`)."""
+        return {int(k["key"]): k.get("meta") or {} for k in self._call("list")["keys"]}
 
     def info(self) -> dict:
         try:
@@ -150,6 +217,7 @@ class SystemdFdStore:
     """systemd's fd store (FileDescriptorStoreMax= in the unit). The service manager keeps
     the fds across restarts of gpumemd and passes them back with LISTEN_FDS."""
     kind = "systemd"
+    stalled = False            # notifications are datagrams: nothing to wait for
 
     def __init__(self):
         self.held: dict[int, int] = {}   # key -> number of fds stored
@@ -190,6 +258,10 @@ class SystemdFdStore:
 
     def keys(self) -> list[int]:
         return list(self.held)
+
+    def entries(self) -> dict[int, dict] | None:
+        """None: the fd store keeps no meta, only the fds and their names."""
+        return None
 
     def info(self) -> dict:
         return {"kind": self.kind, "alive": True, "pid": None, "held": len(self.held),

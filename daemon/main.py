@@ -14,7 +14,9 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
+import time
 
 import trio
 
@@ -27,7 +29,8 @@ from .manager import AllocationManager
 from .mount import Mount, MountError
 from .quotas import Quotas
 from .scrub import Scrubber
-from .registry import GROUP_COMMIT_SECONDS, Registry
+from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
+from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
 from .server import VERSION, Server
 
 log = logging.getLogger("gpumemd")
@@ -35,6 +38,13 @@ log = logging.getLogger("gpumemd")
 
 class StartupError(Exception):
     """A reason not to start, shown as one line (exit 1, or 2 for usage)."""
+
+
+# gpumemd's exit statuses (gpumemd(8), EXIT STATUS; docs/durability.md). Not the CLI's.
+EXIT_CANNOT_START = 1     # another daemon, no backend, the mount, the keeper...
+EXIT_USAGE = 2            # bad options or configuration file
+EXIT_ORPHANS = 3          # the keeper holds memory the registry does not list (OrphansHeld)
+EXIT_REGISTRY = 4         # the registry is unreadable, or from a newer gpumemd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default=None,
                    choices=("debug", "info", "warning", "error"),
                    help="least severe to log (default info)")
+    # Not configuration keys: each is one decision about one start (docs/durability.md,
+    # "Start-up safety"). Without either, that start is refused (exit 3).
+    orphans = p.add_mutually_exclusive_group()
+    orphans.add_argument(ADOPT_FLAG, dest="orphans", action="store_const", const="adopt",
+                         help="when the keeper holds memory that the registry does not list "
+                              "(the registry was lost, replaced, or restored from an older "
+                              f"backup), re-register it as durable allocations under "
+                              f"/{RECOVERY_DIR}/TIME (root's, mode 0700) instead of refusing "
+                              "to start; an unreadable registry is first moved aside to "
+                              "registry.sqlite.corrupt-TIME")
+    orphans.add_argument(FREE_FLAG, dest="orphans", action="store_const", const="free",
+                         help=f"as {ADOPT_FLAG}, but free that memory instead: what the "
+                              "registry does not list is gone")
     p.add_argument("--version", action="version", version=f"gpumemd {VERSION}")
     return p
 
@@ -131,17 +154,49 @@ async def supervise_keeper(manager: AllocationManager) -> None:
             await trio.sleep(1)
 
 
-CHECKPOINT_SECONDS = 1.0
+STALL_PROBE_SECONDS = 0.5
+
+
+async def resume_stalled_keeper(manager: AllocationManager) -> None:
+    """A keeper that stopped answering (SIGSTOP, starved) is probed from a worker thread, so
+    the event loop never waits on it; once it answers, what it holds is reconciled with the
+    durable allocations and durable changes work again, without a restart."""
+    keeper = manager.keeper
+    while True:
+        await trio.sleep(STALL_PROBE_SECONDS)
+        if not keeper.stalled:
+            continue
+        sock = await trio.to_thread.run_sync(keeper.probe)
+        if sock is None:
+            continue
+        keeper.resume(sock)
+        try:
+            withdrawn, redeposited = manager.reconcile_keeper()
+        except (KeeperGone, GpumemError) as exc:
+            log.warning("the keeper answers again but reconciling it failed: %s", exc)
+            continue
+        log.warning("the keeper answers again; %d stale key(s) withdrawn, %d durable "
+                    "allocation(s) re-deposited", withdrawn, redeposited)
+
+
+CHECKPOINT_POLL_SECONDS = 0.1
 
 
 async def checkpoint_registry(manager: AllocationManager) -> None:
-    """Fold the registry's WAL into its database off the event loop (see Registry)."""
+    """Keep the registry's WAL bounded: fold it into the database, and truncate it when it
+    passes its limit or the daemon goes idle (Registry.checkpoint_due), on a worker thread.
+    Only the TRUNCATE's last step holds up the daemon's writes (Registry.checkpoint)."""
+    registry = manager.registry
     while True:
-        await trio.sleep(CHECKPOINT_SECONDS)
+        await trio.sleep(CHECKPOINT_POLL_SECONDS)
+        mode = registry.checkpoint_due(time.monotonic())
+        if mode is None:
+            continue
         try:
-            await trio.to_thread.run_sync(manager.registry.checkpoint)
+            await trio.to_thread.run_sync(registry.checkpoint, mode)
         except Exception as exc:  # noqa: BLE001 - retried next time; the WAL stays valid
-            log.warning("registry checkpoint failed: %s", exc)
+            log.warning("registry checkpoint (%s) failed: %s", mode, exc)
+            await trio.sleep(1)
 
 
 class GroupCommit:
@@ -178,6 +233,7 @@ async def run_daemon(manager: AllocationManager, server: Server,
             if mount is not None:
                 await nursery.start(mount.serve)
             nursery.start_soon(supervise_keeper, manager)
+            nursery.start_soon(resume_stalled_keeper, manager)
             nursery.start_soon(checkpoint_registry, manager)
             systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
             log.info("gpumemd %s serving %s (backend %s, pid %d)", VERSION,
@@ -199,9 +255,60 @@ def main(argv=None) -> int:
     setup_logging(args.log_level)
     try:
         return _main(args)
+    except OrphansHeld as exc:
+        print(f"gpumemd: {exc}", file=sys.stderr)
+        return EXIT_ORPHANS
+    except RegistryUnusable as exc:
+        print(f"gpumemd: {registry_advice(exc)}", file=sys.stderr)
+        return EXIT_REGISTRY
     except (StartupError, MountError, GpumemError) as exc:
         print(f"gpumemd: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, UsageError) else 1
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_CANNOT_START
+
+
+def registry_advice(exc: RegistryUnusable) -> str:
+    """The one line for a registry that cannot be used: what is wrong, and what to do."""
+    if not exc.corrupt:
+        return str(exc)
+    return (f"{exc}: move it aside (with its -wal and -shm files) and restore it from a "
+            f"backup, or start with {ADOPT_FLAG} to move it aside and re-register what the "
+            f"keeper holds under /{RECOVERY_DIR}/")
+
+
+def open_registry(path: str, orphans: str, max_event_bytes: int | None) -> Registry:
+    """Open (or create) the registry. With --adopt-orphans or --free-orphans an unreadable
+    one is moved aside and a new one made: the keeper's memory then counts as orphans."""
+    bounds = {} if max_event_bytes is None else {"max_event_bytes": max_event_bytes}
+    try:
+        return Registry(path, **bounds)
+    except RegistryUnusable as exc:
+        if not exc.corrupt or orphans == "refuse":
+            raise
+        aside = move_registry_aside(path)
+        log.warning("%s; moved it aside to %s and starting with a new registry, as told", exc,
+                    aside)
+        return Registry(path, **bounds)
+    except sqlite3.Error as exc:
+        raise StartupError(f"cannot open registry {path}: {exc}") from None
+
+
+def move_registry_aside(path: str) -> str:
+    """Rename the registry and its -wal and -shm files (a WAL must never meet another
+    database) to PATH.corrupt-TIME, PATH.corrupt-TIME-wal, ...; returns the new path."""
+    aside = f"{path}.corrupt-{time.strftime('%Y-%m-%dT%H-%M-%SZ', time.gmtime())}"
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path + suffix, aside + suffix)
+    return aside
+
+
+def remove_new_registry(registry: Registry) -> None:
+    """A start refused before it served leaves no registry it created itself behind: the
+    administrator may still restore the old one in its place."""
+    registry.close()
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(registry.path + suffix)
 
 
 # journald's priorities for Python's levels (sd-daemon(3): "<N>" prefixes on stderr lines).
@@ -257,7 +364,9 @@ def _main(args) -> int:
     except BackendUnavailable as exc:
         raise StartupError(f"--backend {args.backend}: {exc}") from None
     log.info("backend %s chosen (%s)", backend.name, why)
-    registry = Registry(os.path.join(state_dir, "registry.sqlite"))
+    orphans = args.orphans or "refuse"
+    registry = open_registry(os.path.join(state_dir, "registry.sqlite"), orphans,
+                             args.event_log_size)
     keeper = open_keeper(state_dir)
     backend.ecc_cache_dir = os.path.join(state_dir, "ecc-cache")   # compiled GPU kernels
     manager = AllocationManager(registry, backend, keeper)
@@ -266,9 +375,20 @@ def _main(args) -> int:
     manager.quotas = Quotas(manager, args.quotas)
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
-    summary = manager.start()
+    try:
+        summary = manager.start(orphans)
+    except OrphansHeld:
+        keeper.close()
+        if registry.created:
+            remove_new_registry(registry)
+        else:
+            registry.close()
+        raise
+    except sqlite3.Error as exc:      # a full or read-only state disk: a line, not a trace
+        raise StartupError(f"cannot start: registry {registry.path}: {exc}") from None
     log.info("registry loaded: %(adopted)d adopted, %(lost)d lost, %(orphans_freed)d orphans "
-             "freed, %(transients_dropped)d stale transients dropped", summary)
+             "freed, %(orphans_adopted)d orphans re-registered, %(transients_dropped)d stale "
+             "transients dropped", summary)
     mount_path = os.path.abspath(args.mount) if args.mount else None
     server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path})

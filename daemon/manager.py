@@ -32,9 +32,12 @@ from gpumemctl.protocol import (Busy, Exists, InternalError, InvalidState, NoMem
 
 from .backends import Backend
 from .describe import damaged_ranges, describe
-from .keeper_link import KeeperGone
-from .nodes import Allocation, Directory, Holder, Node
+from .keeper_link import KeeperGone, KeeperStalled
+from .nodes import Allocation, Directory, Holder, Node, walk
 from .ecc.layout import BLOCK
+from .events import LINE_PATH_LIMIT, bound_detail, cut
+from .orphans import (POLICIES, RECOVERY_DIR, OrphansHeld, capacity_of, classify,
+                      entry_name, held)
 from .parity import Parity, block_range, protected_blocks
 from .permissions import Credentials, R, W, X, may_remove_from, require, require_owner
 from .quotas import Quotas
@@ -117,15 +120,27 @@ class AllocationManager:
     # =====================================================================================
     # start and stop
     # =====================================================================================
-    def start(self) -> dict:
-        """Load the registry, re-adopt durable memory from the keeper, drop what is stale."""
+    def start(self, orphans: str = "refuse") -> dict:
+        """Load the registry, re-adopt durable memory from the keeper, drop what is stale.
+
+        Keeper entries the registry does not list are crash residue and are freed, unless
+        daemon/orphans.py finds them foreign (the registry is new, another one, or older
+        than the keeper's contents). Then `orphans` decides: 'refuse' raises OrphansHeld
+        having changed nothing; 'adopt' re-registers every unlisted entry under
+        /lost+found/<time>; 'free' frees them all."""
         self._load_tree()
         self.keeper.ensure_running()
         kept = self.keeper.fetch_all()
-        summary = {"adopted": 0, "lost": 0, "orphans_freed": 0, "transients_dropped": 0}
+        metas = self.keeper.entries()
+        strays = self._take_strays(kept, metas, orphans)
+        summary = {"adopted": 0, "lost": 0, "orphans_freed": 0, "orphans_adopted": 0,
+                   "transients_dropped": 0}
         damage = self.registry.damage()
+        recovered: dict[int, list[int]] = {}
         with self._change(durable=True):
             self.registry.clear_holders()
+            if kept or strays:      # no new id may alias a key the keeper holds
+                self.registry.reserve_node_ids(max(abs(k) for k in [*kept, *strays]))
             for alloc in [n for n in self.nodes.values() if isinstance(n, Allocation)]:
                 if not alloc.durable:
                     self._forget_node(alloc)
@@ -143,9 +158,55 @@ class AllocationManager:
             for key, fds in kept.items():
                 self._free_orphan(key, fds)
                 summary["orphans_freed"] += 1
+            if orphans == "adopt":
+                recovered = self._adopt_orphans(strays, metas, summary)
+            else:
+                for key, fds in strays.items():
+                    self._free_orphan(key, fds, "freed as told (--free-orphans)")
+                    summary["orphans_freed"] += 1
             summary["parity_rebuilt_blocks"] = self._settle_parity(damage)
             self._event("start", None, None, backend=self.backend.name, **summary)
+        for key in recovered:       # committed under new ids: the old keys may go now
+            with contextlib.suppress(KeeperGone):
+                self.keeper.withdraw(key)
+        self._adopt_identity(metas)
         return summary
+
+    def _take_strays(self, kept: dict[int, list[int]], metas: dict[int, dict] | None,
+                     orphans: str) -> dict[int, list[int]]:
+        """Take out of `kept` the entries that the `orphans` policy handles (start()).
+        Refusing, close every fetched fd (the keeper keeps its own) and raise."""
+        if orphans not in POLICIES:
+            raise ValueError(f"unknown orphans policy {orphans!r}")
+        listed = {n.id for n in self.nodes.values() if isinstance(n, Allocation)}
+        foreign, why = classify(kept, metas, listed, self.registry.instance,
+                                self.registry.created, self.registry.last_node_id())
+        if foreign and orphans == "refuse":
+            count, nbytes = held(kept, metas, foreign)
+            for fds in kept.values():
+                for fd in fds:
+                    os.close(fd)
+            raise OrphansHeld(count, nbytes, self.registry.path, why)
+        if orphans != "refuse":
+            foreign |= {k for k in kept if abs(k) not in listed}
+        if foreign:
+            log.warning("the keeper holds %d entr%s that registry %s does not list (%s); "
+                        "%s them as told", len(foreign), "y" if len(foreign) == 1 else "ies",
+                        self.registry.path, why or "unlisted",
+                        "re-registering" if orphans == "adopt" else "freeing")
+        return {k: kept.pop(k) for k in foreign}
+
+    def _adopt_identity(self, metas: dict[int, dict] | None) -> None:
+        """Deposits made before the registry's identity went into their meta get it now, so
+        that the next start can tell them from another registry's (daemon/orphans.py)."""
+        if metas is None:
+            return
+        for alloc in self.allocations():
+            meta = metas.get(alloc.id)
+            if meta is not None and "registry" not in meta and alloc.buffer is not None \
+                    and alloc.durable:
+                with contextlib.suppress(InternalError):
+                    self._deposit(alloc)
 
     def _settle_parity(self, damage: dict[int, set[int]]) -> int:
         """After adoption: give each protected allocation its parity and its damage list.
@@ -280,13 +341,89 @@ class AllocationManager:
         self._event("lost", alloc, None, reason=reason)
         log.warning("allocation %s (id %d) is lost: %s", alloc.path, alloc.id, reason)
 
-    def _free_orphan(self, key: int, fds: list[int]) -> None:
+    def _free_orphan(self, key: int, fds: list[int], reason: str = "crash residue") -> None:
+        """Free what the keeper held under a key the registry does not list. Normally the
+        residue of a crash (docs/durability.md, "Crash ordering"), yet memory is going, so
+        it is a warning."""
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(KeeperGone):
             self.keeper.withdraw(key)
         self._event("orphan", None, None, key=key,
-                    reason="the keeper held memory the registry does not list; freed")
+                    reason=f"the keeper held memory the registry does not list; {reason}")
+        log.warning("freed the memory the keeper held under key %d, which the registry does "
+                    "not list (%s)", key, reason)
+
+    def _adopt_orphans(self, strays: dict[int, list[int]], metas: dict[int, dict] | None,
+                       summary: dict) -> dict[int, list[int]]:
+        """--adopt-orphans: re-register each stray entry as a durable allocation in a new
+        /lost+found/<UTC time>, owned by the daemon's user (root) with mode 0700, so that
+        only root sees them until it hands them on (chown, mv). Returns the entries
+        re-registered; their old keys are withdrawn once this commits (start()). One that
+        cannot be (its device is gone, its size unknown) is freed and counted so."""
+        if not strays:
+            return {}
+        directory = self._recovery_dir()
+        summary["recovery_dir"] = directory.path
+        recovered = {}
+        for key in sorted(strays, key=lambda k: (abs(k), k < 0)):
+            if self._adopt_orphan(directory, key, strays[key], (metas or {}).get(key)):
+                recovered[key] = strays[key]
+                summary["orphans_adopted"] += 1
+            else:
+                summary["orphans_freed"] += 1
+        return recovered
+
+    def _adopt_orphan(self, directory: Directory, key: int, fds: list[int],
+                      meta: dict | None) -> bool:
+        """One entry: its size is the capacity its deposit recorded (the size asked for is
+        not kept), its ECC `rs` when a parity fd came with it. The kept parity is dropped
+        and rebuilt from the data (_settle_parity): what it last covered is not known."""
+        capacity = capacity_of(fds, meta)
+        try:
+            dev = self.backend.device((meta or {}).get("device"))
+            if capacity <= 0:
+                raise InvalidState("its size is not known")
+        except Exception as exc:  # noqa: BLE001 - freed instead, and said so
+            self._free_orphan(key, fds, f"cannot be re-registered: {exc}")
+            return False
+        for fd in fds[1:]:
+            os.close(fd)
+        try:
+            buf = self.backend.adopt(fds[:1], capacity, dev.uuid)
+        except Exception as exc:  # noqa: BLE001 - the backend closed the fd
+            self._free_orphan(key, [], f"cannot be re-registered: {exc}")
+            return False
+        alloc = self._insert_node(
+            Allocation, directory, entry_name(key), DAEMON, 0o600, size=capacity,
+            capacity=capacity, device=dev.uuid, durable=True, state="ready",
+            ecc="rs" if len(fds) > 1 else "none", parity_gen=0, buffer=buf)
+        self._deposit(alloc)
+        self._event("adopt", alloc, None, capacity=capacity, key=key, recovered=True)
+        log.warning("re-registered the memory the keeper held under key %d as '%s'", key,
+                    alloc.path)
+        return True
+
+    def _recovery_dir(self) -> Directory:
+        """A new /lost+found/<UTC time> for re-registered orphans. /lost+found is reused
+        only if it is the daemon user's and closed to others (anyone may create entries at
+        the root), else a free name beside it is taken."""
+        top = self._private_dir(self.root, RECOVERY_DIR, reuse=True)
+        stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime())
+        return self._private_dir(top, stamp, reuse=False)
+
+    def _private_dir(self, parent: Directory, base: str, reuse: bool) -> Directory:
+        for n in itertools.count(1):
+            name = base if n == 1 else f"{base}-{n}"
+            node = parent.children.get(name)
+            if node is None:
+                made = self._insert_node(Directory, parent, name, DAEMON, 0o700)
+                self._event("mkdir", made, None, mode="0700")
+                return made
+            if reuse and isinstance(node, Directory) and node.uid == DAEMON.uid \
+                    and not node.mode & 0o077:
+                return node
+        raise AssertionError("unreachable")
 
     def shutdown(self) -> None:
         """Clean stop: transient memory goes, durable memory stays with the keeper."""
@@ -336,9 +473,14 @@ class AllocationManager:
             self.nodes.pop(node.id, None)
         self._txn_nodes = []
 
-    def _event(self, kind: str, node: Node | None, cred: Credentials | None, **detail) -> None:
+    def _event(self, kind: str, node: Node | None, cred: Credentials | None, /,
+               **detail) -> None:
+        """Record an event in the open transaction; it is published once that commits.
+        The first three are positional-only: `detail` may come from a client (`close`'s
+        `written`), and a key named like them must reach bound_detail, not clash."""
         now = time.time_ns()
         path = node.path if node is not None else None
+        detail = bound_detail(kind, detail)       # schema and size (daemon/events.py)
         event_id = self.registry.add_event(
             kind, node.id if node else None, path, cred.uid if cred else None,
             cred.pid if cred else None, detail, now)
@@ -373,7 +515,8 @@ class AllocationManager:
         per event-log entry (names may hold newlines: _log_value escapes them)."""
         who = f" uid={event['uid']} pid={event['pid']}" if event["uid"] is not None else ""
         detail = " ".join(f"{k}={_log_value(v)}" for k, v in event["detail"].items())
-        log.info("event %s %s%s%s", event["kind"], _log_value(event["path"] or "-"), who,
+        path = cut(event["path"] or "-", LINE_PATH_LIMIT)     # details are bounded already
+        log.info("event %s %s%s%s", event["kind"], _log_value(path), who,
                  " " + detail if detail else "")
         for callback in list(self.subscribers):
             callback(event)
@@ -414,12 +557,11 @@ class AllocationManager:
         return out
 
     def _list_into(self, directory: Directory, cred, recursive: bool, out: list) -> None:
-        for name in sorted(directory.children):
-            child = directory.children[name]
-            out.append(describe(child))
-            if recursive and isinstance(child, Directory) and \
-                    self._allowed(child, cred, R | X):
-                self._list_into(child, cred, recursive, out)
+        """The entries below `directory`, pre-order; with `recursive`, into every directory
+        the caller may list (walk: no recursion, a chain may be thousands deep)."""
+        def enter(d: Directory) -> bool:
+            return d is directory or (recursive and self._allowed(d, cred, R | X))
+        out.extend(describe(node) for node in walk(directory, enter) if node is not directory)
 
     @staticmethod
     def _allowed(node, cred, want) -> bool:
@@ -606,7 +748,10 @@ class AllocationManager:
             fds += self.backend.keeper_fds(alloc.parity)
         try:
             self.keeper.deposit(alloc.id, fds, {"capacity": alloc.capacity,
-                                                "device": alloc.device})
+                                                "device": alloc.device,
+                                                "registry": self.registry.instance})
+        except KeeperStalled as exc:         # busy, not broken: it works again once it answers
+            raise Busy(f"cannot make '{alloc.path}' durable now: {exc}") from None
         except KeeperGone as exc:
             raise InternalError(f"cannot make '{alloc.path}' durable: {exc}") from None
         finally:
@@ -641,12 +786,14 @@ class AllocationManager:
     def _removal_order(self, node: Node, cred: Credentials) -> list[Node]:
         """Children before parents, each checked for permission before anything changes."""
         order: list[Node] = []
-
-        def visit(n: Node) -> None:
-            if isinstance(n, Directory):
+        stack: list[tuple[Node, bool]] = [(node, False)]     # (node, its children queued)
+        while stack:                  # post-order with a stack: a chain may be thousands deep
+            n, queued = stack.pop()
+            if isinstance(n, Directory) and not queued:
                 require(n, cred, R | W | X, "remove entries from")
-                for child in list(n.children.values()):
-                    visit(child)
+                stack.append((n, True))
+                stack.extend((child, False) for child in reversed(list(n.children.values())))
+                continue
             parent = n.parent
             require(parent, cred, W | X, "remove entries from")
             if not may_remove_from(parent, n, cred):
@@ -654,8 +801,6 @@ class AllocationManager:
                     f"permission denied: '{parent.path or '/'}' is sticky; only the owner "
                     f"of '{n.path}' (uid {n.uid}) may remove it")
             order.append(n)
-
-        visit(node)
         return order
 
     def _release_memory(self, alloc: Allocation) -> None:
@@ -939,7 +1084,10 @@ class AllocationManager:
     def _deposit_buffer(self, key: int, buf, capacity: int, device: str) -> None:
         fds = self.backend.keeper_fds(buf)
         try:
-            self.keeper.deposit(key, fds, {"capacity": capacity, "device": device})
+            self.keeper.deposit(key, fds, {"capacity": capacity, "device": device,
+                                           "registry": self.registry.instance})
+        except KeeperStalled as exc:
+            raise Busy(f"cannot keep the resized memory now: {exc}") from None
         except KeeperGone as exc:
             raise InternalError(f"cannot keep the resized memory: {exc}") from None
         finally:
@@ -1153,11 +1301,9 @@ class AllocationManager:
     def _has_durable(node: Node | None) -> bool:
         """Whether a change to this node's row must be fsynced: it holds a durable
         allocation (a directory, anywhere below it)."""
-        if isinstance(node, Allocation):
-            return node.durable
-        if isinstance(node, Directory):
-            return any(AllocationManager._has_durable(c) for c in node.children.values())
-        return False
+        if node is None:
+            return False
+        return any(isinstance(n, Allocation) and n.durable for n in walk(node))
 
     def _require_removable(self, parent: Directory, node: Node, cred: Credentials,
                            what: str = "remove entries from") -> None:
@@ -1520,12 +1666,9 @@ class AllocationManager:
                     out.append(a)
         return out
 
-    def _walk_allocations(self, node: Node):
-        if isinstance(node, Allocation):
-            yield node
-            return
-        for name in sorted(node.children):
-            yield from self._walk_allocations(node.children[name])
+    @staticmethod
+    def _walk_allocations(node: Node):
+        return (n for n in walk(node) if isinstance(n, Allocation))
 
     def verify_steps(self, alloc: Allocation, repair: bool, first_block: int = 0):
         """Verify (and repair) an allocation piece by piece: a generator that yields after
@@ -1656,7 +1799,7 @@ class AllocationManager:
                         parity=parity)
         return {"path": alloc.path, "offset": offset, "length": length, "parity": parity}
 
-    def note(self, kind: str, **detail) -> None:
+    def note(self, kind: str, /, **detail) -> None:
         """Log an event that concerns no node (the scrubber's start and end)."""
         with self._change(durable=False):
             self._event(kind, None, None, **detail)
@@ -1668,15 +1811,26 @@ class AllocationManager:
     # =====================================================================================
     # keeper supervision
     # =====================================================================================
-    def redeposit_all(self) -> int:
-        """After a keeper restart: hand it every durable allocation's fds again."""
+    def reconcile_keeper(self) -> tuple[int, int]:
+        """After the keeper stalled and answers again: the requests it never answered may or
+        may not have been applied, and withdrawals refused meanwhile were skipped. Make it
+        hold exactly the durable allocations: withdraw every other key, then hand it every
+        durable allocation again. Returns (withdrawn, redeposited)."""
+        durable = {a.id for a in self.allocations() if a.durable and a.buffer is not None}
+        extra = [key for key in self.keeper.keys() if key not in durable]
+        for key in extra:
+            self.keeper.withdraw(key)
+        return len(extra), self.redeposit_all(action="resumed")
+
+    def redeposit_all(self, action: str = "restarted") -> int:
+        """After a keeper restart (or stall): hand it every durable allocation's fds again."""
         count = 0
         for alloc in self.allocations():
             if alloc.durable and alloc.buffer is not None:
                 self._deposit(alloc)
                 count += 1
         with self._change(durable=False):
-            self._event("keeper", None, None, action="restarted", redeposited=count)
+            self._event("keeper", None, None, action=action, redeposited=count)
         return count
 
     # =====================================================================================

@@ -10,6 +10,16 @@ drops it. That keeps a transient create off the fsync path.
 
 All SQL of the daemon lives here; the AllocationManager calls these methods inside
 `transaction()`.
+
+Bounds (docs/durability.md, "Bounds"): the WAL is folded into the database and truncated
+when it passes WAL_LIMIT and when the daemon has been idle for IDLE_SECONDS (checkpoint_due;
+daemon/main.py runs the checkpoints on a worker thread); the event log keeps at most
+`max_events` rows (MAX_EVENTS) and `max_event_bytes` bytes of detail and path text
+(MAX_EVENT_BYTES), the oldest going first.
+
+A registry that SQLite cannot read (not a database, a damaged page) raises RegistryUnusable
+with `corrupt` set, as does one from a newer gpumemd (without it); gpumemd turns either into
+one line (daemon/main.py).
 """
 from __future__ import annotations
 
@@ -22,6 +32,28 @@ import time
 SCHEMA_VERSION = 4
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
+WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
+IDLE_SECONDS = 1.0            # no change for this long: the WAL is truncated
+PASSIVE_SECONDS = 1.0         # changed since: a checkpoint that never blocks writers
+BUSY_TIMEOUT_MS = 5000        # how long a statement waits for another connection's lock
+CHECKPOINT_BUSY_MS = 1000     # ... and a checkpoint for the daemon's transaction to end
+MAX_EVENTS = 100_000          # the event log is pruned to this many rows ...
+MAX_EVENT_BYTES = 64 << 20    # ... and to this many bytes of detail and path text
+EVENT_PRUNE_TO = 0.75         # pruning by bytes keeps this share of max_event_bytes
+# SQLite's primary result codes (the low byte of sqlite3.Error.sqlite_errorcode) that mean
+# the file's content is damaged, as opposed to a file that cannot be opened at all.
+CORRUPT_CODES = (11, 26)      # SQLITE_CORRUPT, SQLITE_NOTADB
+# The bytes an event takes in the log: what max_event_bytes counts.
+EVENT_BYTES_SQL = ("length(CAST(detail AS BLOB)) + COALESCE(length(CAST(path AS BLOB)), 0)")
+
+
+class RegistryUnusable(RuntimeError):
+    """The registry cannot be used. `corrupt`: SQLite cannot read it (it is not a database,
+    or a page is damaged), as opposed to one written by a newer gpumemd."""
+
+    def __init__(self, message: str, *, corrupt: bool):
+        super().__init__(message)
+        self.corrupt = corrupt
 
 
 def create_tables(db: sqlite3.Connection) -> None:
@@ -147,21 +179,16 @@ NODE_COLUMNS = ("id", "parent", "name", "kind", "uid", "gid", "mode", "created_n
                 "modified_ns", "changed_ns", "size", "capacity", "device", "durable",
                 "state", "ecc", "parity_gen", "checksum", "unsealed", "verified_ns",
                 "accessed_ns")
-MAX_EVENTS = 100_000  # the event log is pruned to this many rows
 
 
 class Registry:
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, max_events: int = MAX_EVENTS,
+                 max_event_bytes: int = MAX_EVENT_BYTES):
         self.path = path
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")      # durable commits: _commit()
-        # No automatic checkpoints: one would run inside whichever request crossed the
-        # threshold (two fsyncs, every ~100 commits) and stall the daemon's event loop.
-        # The daemon calls checkpoint() from a worker thread instead (daemon/main.py).
-        self.db.execute("PRAGMA wal_autocheckpoint=0")
-        self.db.execute("PRAGMA foreign_keys=ON")
+        self.max_events = max_events
+        self.max_event_bytes = max_event_bytes
+        # Pruning by rows runs every this many events (a DELETE per event would cost).
+        self._prune_every = max(1, min(1000, max_events // 100))
         self._in_txn = False
         self._open = False          # a BEGIN is open (a batch, or the change in progress)
         self._batched = False       # transient changes released in it and not committed
@@ -169,7 +196,44 @@ class Registry:
         self._want_now = False
         self.group_commit = False   # see transaction(); the daemon turns it on
         self.on_batch = None        # called when a batch starts: schedule flush()
-        self.migrate()
+        self.created = False        # this open made the registry (there was none)
+        self._instance: str | None = None       # meta 'instance', once read
+        self._event_bytes: int | None = None    # what max_event_bytes counts; None: recount
+        self.last_change = time.monotonic()     # of the last transaction: idle detection
+        self._checkpointed = self.last_change   # of the last checkpoint that finished
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            self._configure()
+            self.migrate()
+            self._require_intact()
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xff in CORRUPT_CODES:
+                raise RegistryUnusable(f"registry {path} is unreadable ({exc})",
+                                       corrupt=True) from None
+            raise
+
+    def _configure(self) -> None:
+        self.db.row_factory = sqlite3.Row
+        self.db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")   # a checkpoint's lock
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")      # durable commits: _commit()
+        # No automatic checkpoints: one would run inside whichever request crossed the
+        # threshold (two fsyncs, every ~100 commits) and stall the daemon's event loop.
+        # The daemon calls checkpoint() from a worker thread instead (daemon/main.py).
+        self.db.execute("PRAGMA wal_autocheckpoint=0")
+        # When the WAL restarts from its beginning (after a complete checkpoint), SQLite
+        # truncates a longer file to this size instead of keeping its high-water mark.
+        self.db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
+        self.db.execute("PRAGMA foreign_keys=ON")
+
+    def _require_intact(self) -> None:
+        """A damaged page found now is one line at start, not an error in some request
+        later. quick_check reads every page: about 0.1 s for a 50 MiB registry."""
+        problems = [row[0] for row in self.db.execute("PRAGMA quick_check(5)")]
+        if problems != ["ok"]:
+            raise RegistryUnusable(f"registry {self.path} is damaged ({problems[0]})",
+                                   corrupt=True)
 
     # ---- schema ---------------------------------------------------------------------
     def version(self) -> int:
@@ -178,8 +242,10 @@ class Registry:
     def migrate(self) -> None:
         version = self.version()
         if version > SCHEMA_VERSION:
-            raise RuntimeError(f"registry {self.path} has schema version {version}, newer than "
-                               f"this gpumemd ({SCHEMA_VERSION}); upgrade gpumemd")
+            raise RegistryUnusable(f"registry {self.path} has schema version {version}, newer "
+                                   f"than this gpumemd ({SCHEMA_VERSION}); upgrade gpumemd",
+                                   corrupt=False)
+        self.created = version == 0
         while version < SCHEMA_VERSION:
             with self.transaction(durable=True):
                 MIGRATIONS[version](self.db)
@@ -224,12 +290,14 @@ class Registry:
         if not self._open:
             self.db.execute("BEGIN IMMEDIATE")
             self._open = True
+        self.last_change = time.monotonic()
         self.db.execute("SAVEPOINT change")
         self._in_txn, self._want_full, self._want_now = True, durable, not batch
         try:
             yield self.db
         except BaseException:
             self._in_txn = False
+            self._event_bytes = None          # events it added or pruned are undone: recount
             self.db.execute("ROLLBACK TO change")
             self.db.execute("RELEASE change")
             if not self._batched:
@@ -253,8 +321,13 @@ class Registry:
             self._commit("NORMAL")
 
     def _commit(self, level: str) -> None:
-        self.db.execute("COMMIT")
+        try:
+            self.db.execute("COMMIT")
+        except sqlite3.Error:
+            self._event_bytes = None
+            raise
         self._open = self._batched = False
+        self.last_change = time.monotonic()
         if level == "FULL":
             self._sync_wal()
 
@@ -298,6 +371,36 @@ class Registry:
         self.db.executemany("INSERT INTO damage VALUES (?, ?, ?)",
                             [(node_id, b, now_ns) for b in sorted(blocks)])
 
+    # ---- identity and ids -------------------------------------------------------------
+    @property
+    def instance(self) -> str:
+        """This registry's random identity (meta 'instance', made with it). Keeper deposits
+        carry it, so that a start can tell a keeper that served another registry."""
+        if self._instance is None:
+            value = self.meta("instance")
+            if value is None:             # only a registry edited by hand lacks it
+                value = os.urandom(8).hex()
+                with self.transaction(durable=True):
+                    self.set_meta("instance", value)
+            self._instance = value
+        return self._instance
+
+    def last_node_id(self) -> int:
+        """The largest node id ever committed (AUTOINCREMENT's high-water mark)."""
+        row = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'nodes'")
+        found = row.fetchone()
+        return found[0] if found else 0
+
+    def reserve_node_ids(self, up_to: int) -> None:
+        """Make every future node id larger than `up_to`: ids are keeper keys, so an id
+        must never alias memory the keeper holds under a key another registry issued."""
+        if up_to > self.last_node_id():
+            cur = self.db.execute("UPDATE sqlite_sequence SET seq = ? WHERE name = 'nodes'",
+                                  (up_to,))
+            if cur.rowcount == 0:
+                self.db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('nodes', ?)",
+                                (up_to,))
+
     def set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
@@ -323,13 +426,51 @@ class Registry:
     # ---- events -----------------------------------------------------------------------
     def add_event(self, kind: str, node: int | None, path: str | None, uid: int | None,
                   pid: int | None, detail: dict, time_ns: int) -> int:
+        """Append an event (its detail bounded by the caller: daemon/events.py) and prune
+        the oldest past MAX_EVENTS rows or max_event_bytes bytes."""
+        text = json.dumps(detail, sort_keys=True)
         cur = self.db.execute(
             "INSERT INTO events (time_ns, kind, node, path, uid, pid, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (time_ns, kind, node, path, uid, pid, json.dumps(detail, sort_keys=True)))
-        if cur.lastrowid % 1000 == 0:
-            self.db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - MAX_EVENTS,))
-        return cur.lastrowid
+            " VALUES (?, ?, ?, ?, ?, ?, ?)", (time_ns, kind, node, path, uid, pid, text))
+        newest = cur.lastrowid
+        if self._event_bytes is not None:
+            self._event_bytes += len(text) + (len(path.encode(errors="replace")) if path else 0)
+        if newest % self._prune_every == 0:
+            self._delete_events_through(newest - self.max_events)
+        if self._event_bytes is None or self._event_bytes > self.max_event_bytes:
+            self._prune_event_bytes(newest)
+        return newest
+
+    def _delete_events_through(self, last_id: int) -> None:
+        if self._event_bytes is not None:
+            freed = self.db.execute(f"SELECT COALESCE(SUM({EVENT_BYTES_SQL}), 0) FROM events"
+                                    " WHERE id <= ?", (last_id,)).fetchone()[0]
+            self._event_bytes -= freed
+        self.db.execute("DELETE FROM events WHERE id <= ?", (last_id,))
+
+    def event_log_bytes(self) -> int:
+        """Bytes of detail and path text in the event log (what max_event_bytes bounds)."""
+        if self._event_bytes is None:
+            self._event_bytes = self.db.execute(
+                f"SELECT COALESCE(SUM({EVENT_BYTES_SQL}), 0) FROM events").fetchone()[0]
+        return self._event_bytes
+
+    def _prune_event_bytes(self, newest: int) -> None:
+        """Past max_event_bytes: delete the oldest events (never `newest`, the one being
+        added) down to EVENT_PRUNE_TO of it, so that pruning is rare, not every event."""
+        excess = self.event_log_bytes() - int(self.max_event_bytes * EVENT_PRUNE_TO)
+        if self._event_bytes <= self.max_event_bytes or excess <= 0:
+            return
+        freed, cut = 0, None
+        cur = self.db.execute(f"SELECT id, {EVENT_BYTES_SQL} FROM events WHERE id < ?"
+                              " ORDER BY id", (newest,))
+        for row_id, size in cur:
+            freed, cut = freed + size, row_id
+            if freed >= excess:
+                break
+        cur.close()
+        if cut is not None:
+            self._delete_events_through(cut)
 
     def last_event_id(self) -> int:
         """The id of the newest event (0 when the log is empty)."""
@@ -352,18 +493,54 @@ class Registry:
             " ORDER BY id", (*args, limit)).fetchall()
         return [event_row_to_dict(r) for r in rows]
 
+    # ---- checkpoints ------------------------------------------------------------------
+    def wal_bytes(self) -> int:
+        try:
+            return os.stat(self.path + "-wal").st_size
+        except FileNotFoundError:
+            return 0
+
+    def checkpoint_due(self, now: float) -> str | None:
+        """The checkpoint to run now, if any (daemon/main.py polls this):
+        - TRUNCATE when the WAL has passed WAL_LIMIT, or when nothing changed for
+          IDLE_SECONDS and the WAL is not empty: it goes back to zero bytes;
+        - PASSIVE when something changed since the last checkpoint, at most every
+          PASSIVE_SECONDS: it copies what it can without blocking writers, so that the
+          TRUNCATE that follows has little left to copy while it blocks them."""
+        wal = self.wal_bytes()
+        if wal > WAL_LIMIT:
+            return "TRUNCATE"
+        if wal and now - self.last_change >= IDLE_SECONDS and not self._open:
+            return "TRUNCATE"
+        if self.last_change > self._checkpointed and \
+                now - self._checkpointed >= PASSIVE_SECONDS:
+            return "PASSIVE"
+        return None
+
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
         """Copy committed WAL frames into the database file, on a connection of its own, so
         it may run in a worker thread while the daemon's connection keeps committing.
-        Returns SQLite's (busy, wal frames, frames checkpointed)."""
+        TRUNCATE also empties the WAL file: it first copies what it can as PASSIVE, then
+        waits up to CHECKPOINT_BUSY_MS for the daemon's open transaction (a group commit
+        batch) to end, and blocks the daemon's writers (their busy timeout waits) only
+        while it copies the rest. Returns SQLite's (busy, wal frames, frames checkpointed):
+        busy 1 means it could not finish (retried at the next checkpoint_due)."""
         if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
             raise ValueError(f"unknown checkpoint mode {mode!r}")
+        started = time.monotonic()
         db = sqlite3.connect(self.path, isolation_level=None)
         try:
             db.execute("PRAGMA synchronous=FULL")
-            return tuple(db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone())
+            db.execute(f"PRAGMA busy_timeout={CHECKPOINT_BUSY_MS}")
+            db.execute(f"PRAGMA journal_size_limit={WAL_LIMIT}")
+            if mode != "PASSIVE":
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            result = tuple(db.execute(f"PRAGMA wal_checkpoint({mode})").fetchone())
         finally:
             db.close()
+        if result[0] == 0:
+            self._checkpointed = started
+        return result
 
     def integrity_errors(self) -> list[str]:
         rows = self.db.execute("PRAGMA integrity_check").fetchall()

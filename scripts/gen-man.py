@@ -330,7 +330,8 @@ def page_gpumemd() -> str:
                 "crash of any client and crashes and restarts of the daemon: at start the "
                 "daemon drops transient rows, adopts every durable allocation the keeper still "
                 "holds after checking its size and device against the registry, marks those it "
-                "does not hold as lost, and frees keeper fds the registry does not list. Commits "
+                "does not hold as lost, and frees keeper fds the registry does not list when they "
+                "are crash residue (else it refuses to start: EXIT STATUS). Commits "
                 "that change durable state are fsynced before the reply. After a reboot or a "
                 "GPU reset the memory is gone: the registry lists such allocations as lost, and "
                 "reads say so instead of returning zeros."),
@@ -380,7 +381,14 @@ def page_gpumemd() -> str:
             tagged(ital("/var/lib/gpumemd/ecc-cache"), esc("Compiled GPU ECC kernels.")),
             section("EXIT STATUS"),
             esc("0 after a clean stop; 1 when it cannot start (another daemon serves the socket "
-                "or state directory, no usable backend, the mount fails); 2 on a usage error."),
+                "or state directory, no usable backend, the mount fails, the daemon extra is not "
+                "installed: pip install 'gpumemctl[daemon]', the registry cannot be opened); 2 on "
+                "a usage error; 3 when the keeper holds memory that the registry does not list, "
+                "and not as crash residue (the registry is missing, another one, or older than "
+                "the keeper's contents): restore the registry, or start once with "
+                "--adopt-orphans or --free-orphans; 4 when the registry is unreadable (not a "
+                "database, a damaged page) or from a newer gpumemd. Each prints one line on "
+                "stderr."),
             section("SEE ALSO"),
             "gpumemctl(1), gpumemd.conf(5), systemd.service(5), systemd.exec(5), fuse(8)"]
     return "\n".join(out) + "\n"
@@ -431,6 +439,7 @@ CONF_EXAMPLE = [
     'scrub_rate = "2G"                # a scrub without --rate reads at most 2 GiB/s',
     'host_capacity = "64G"            # the host backend only',
     'log_level = "info"',
+    'event_log_size = "64M"           # bytes of event text kept (and at most 100,000 events)',
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",
     '1000 = "16G"                     # a uid, written as a key',

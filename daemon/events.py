@@ -1,0 +1,164 @@
+"""What an event-log entry may carry: a schema per event kind, and the size bounds.
+
+Every event the daemon records (`gpumemctl events`, the `event ...` log line) has a `detail`
+object. Some of it comes from clients (a `close` tells which range it wrote), so it is never
+stored as sent: `bound_detail()` keeps only the keys SCHEMA names for the kind, with the
+types named there, and bounds the result:
+- a key the schema does not name, or a value of another type, is dropped (`dropped_keys`
+  then says how many were);
+- a string longer than STRING_LIMIT characters is cut, ending in a marker that says how many
+  characters were cut;
+- a list longer than LIST_LIMIT items is replaced by a summary: `{count, first, last}`, and
+  for byte ranges (`[start, end]` pairs) also `bytes`, the total they cover;
+- the whole object, as JSON, is at most DETAIL_LIMIT bytes: the longest strings are cut
+  further until it fits.
+A kind the schema does not know (a new one added without its entry here) keeps its scalar
+values, bounded the same way. tests/unit/test_event_schema.py checks that every kind and key
+the daemon's code emits is listed.
+"""
+from __future__ import annotations
+
+import json
+
+DETAIL_LIMIT = 4096       # bytes of JSON per event detail
+STRING_LIMIT = 1024       # characters of one string value
+LIST_LIMIT = 16           # items of a list kept as they are; longer ones are summarised
+KEY_LIMIT = 64            # characters of a key name (unknown kinds only)
+LINE_PATH_LIMIT = 1024    # characters of the path shown in the log line
+INT_RANGE = (-(1 << 63), (1 << 64) - 1)   # what SQLite and every reader can hold
+
+# Value types: "str", "int", "bool", "ints" (a list of integers, e.g. block numbers),
+# "ranges" (a list of [start, end) byte ranges). Any value may also be null.
+_REASON = {"reason": "str"}
+SCHEMA: dict[str, dict[str, str]] = {
+    "start": {"backend": "str", "adopted": "int", "lost": "int", "orphans_freed": "int",
+              "orphans_adopted": "int", "transients_dropped": "int",
+              "parity_rebuilt_blocks": "int", "recovery_dir": "str"},
+    "stop": {},
+    "drop": _REASON,
+    "adopt": {"capacity": "int", "key": "int", "recovered": "bool"},
+    "lost": _REASON,
+    "orphan": {"key": "int", **_REASON},
+    "parity": {"action": "str", **_REASON},
+    "keeper": {"action": "str", "redeposited": "int", "withdrawn": "int"},
+    "mkdir": {"mode": "str"},
+    "create": {"size": "int", "capacity": "int", "device": "str", "durable": "bool",
+               "lease": "bool", "state": "str"},
+    "remove": {"force": "bool", "replaced_by": "str"},
+    "durable": {},
+    "transient": {},
+    "resize": {"size": "int", "capacity": "int", "old_size": "int"},
+    "rename": {"from": "str", "to": "str"},
+    "setattr": {"mode": "str", "uid": "int", "gid": "int", "modified_ns": "int",
+                "accessed_ns": "int", "changed_ns": "int"},
+    # A client's `close` reports what it wrote: `offset` and `bytes` (gpumemctl.Client), or
+    # a list of `ranges`, which is summarised when long.
+    "write": {"offset": "int", "bytes": "int", "ranges": "ranges"},
+    "seal": _REASON,
+    "unsealed": _REASON,
+    "release": _REASON,
+    "damage": {"blocks": "ints", "ranges": "ranges", **_REASON},
+    "healed": {"blocks": "ints", **_REASON},
+    "corrupt": {"offset": "int", "length": "int", "parity": "bool"},
+    "scrub": {"action": "str", "rate": "int", "bytes": "int", "corrected": "int",
+              "uncorrectable": "int", "skipped": "int"},
+}
+
+
+def bound_detail(kind: str, detail: dict) -> dict:
+    """The detail as stored and logged: schema-checked and bounded (module docstring)."""
+    allowed = SCHEMA.get(kind)
+    out: dict = {}
+    dropped = 0
+    for key, value in detail.items():
+        kept = _checked(key, value, allowed)
+        if kept is _DROP:
+            dropped += 1
+        else:
+            out[key] = kept
+    if dropped:
+        out["dropped_keys"] = dropped
+    return _fit(out)
+
+
+_DROP = object()
+
+
+def _checked(key, value, allowed: dict[str, str] | None):
+    """The value to keep under `key`, bounded; _DROP when the schema does not allow it."""
+    if allowed is None:                       # a kind without a schema: scalars only
+        if not isinstance(key, str) or len(key) > KEY_LIMIT:
+            return _DROP
+        kind = _scalar_type(value)
+    else:
+        kind = allowed.get(key)
+    if kind is None:
+        return _DROP
+    if value is None:
+        return None
+    if kind == "str":
+        return cut(value) if isinstance(value, str) else _DROP
+    if kind == "bool":
+        return value if isinstance(value, bool) else _DROP
+    if kind == "int":
+        return value if _is_int(value) else _DROP
+    if kind == "ints":
+        return _list(value, _is_int)
+    return _list(value, _is_range)            # "ranges"
+
+
+def _scalar_type(value) -> str | None:
+    if isinstance(value, bool):
+        return "bool"
+    if _is_int(value):
+        return "int"
+    if isinstance(value, str):
+        return "str"
+    return "str" if value is None else None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) \
+        and INT_RANGE[0] <= value <= INT_RANGE[1]
+
+
+def _is_range(value) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == 2 \
+        and all(_is_int(v) for v in value) and value[0] <= value[1]
+
+
+def _list(value, item_ok):
+    if not isinstance(value, (list, tuple)) or not all(item_ok(v) for v in value):
+        return _DROP
+    items = [list(v) if isinstance(v, tuple) else v for v in value]
+    if len(items) <= LIST_LIMIT:
+        return items
+    summary = {"count": len(items), "first": items[0], "last": items[-1]}
+    if item_ok is _is_range:
+        summary["bytes"] = sum(end - start for start, end in items)
+    return summary
+
+
+def cut(text: str, limit: int = STRING_LIMIT) -> str:
+    """`text`, or its first characters and a marker saying how many were cut."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 32, 0)
+    return f"{text[:keep]}...[{len(text) - keep} more characters]"
+
+
+def _fit(detail: dict) -> dict:
+    """Cut the longest strings until the JSON fits DETAIL_LIMIT (every other value is small:
+    ints, bools, and lists of at most LIST_LIMIT small items or their summary)."""
+    original = {k: v for k, v in detail.items() if isinstance(v, str)}
+    while len(json.dumps(detail, sort_keys=True)) > DETAIL_LIMIT:
+        strings = [k for k, v in detail.items() if isinstance(v, str) and len(v) > 64]
+        if strings:
+            longest = max(strings, key=lambda k: len(detail[k]))
+            detail[longest] = cut(original[longest], len(detail[longest]) // 2)
+            continue
+        # Only reachable for a kind without a schema that carries very many keys.
+        victim = next(k for k in reversed(detail) if k != "dropped_keys")
+        del detail[victim]
+        detail["dropped_keys"] = detail.pop("dropped_keys", 0) + 1
+    return detail
