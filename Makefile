@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 # `make install`: the files pip/pipx cannot put in standard places (docs/operations.md):
 # shell completions, man pages and systemd units. The programs themselves come from
-# `pipx install .` (or pip); BINDIR is where they are, written into the units' ExecStart.
+# `pipx install '.[all]'` (or pip); BINDIR is where they are, written into the units' ExecStart.
 PREFIX ?= /usr/local
 DESTDIR ?=
 BINDIR ?= $(PREFIX)/bin
@@ -21,7 +21,7 @@ FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 UNITS = gpumemd.service gpumemd-scrub.service gpumemd-scrub.timer
 
-.PHONY: run test bootstrap bootstrap-test bench generated install uninstall
+.PHONY: run test lint bootstrap bootstrap-test bench generated install uninstall
 
 bootstrap:
 	@VENV=$(VENV) sh scripts/bootstrap.sh run
@@ -34,6 +34,14 @@ run: bootstrap
 
 test: bootstrap-test
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The gates CI runs before the tests (.ci/run), configured in pyproject.toml: ruff's rule set,
+# mypy with no error on daemon/, gpumemctl/ and tui/, and the import contracts that hold the
+# dependency direction of docs/design.md. The tools come with the test bootstrap (extra `lint`).
+lint: bootstrap-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: bootstrap
 	$(VENV)/bin/python bench/core.py

@@ -85,6 +85,7 @@ def split_variant(text: str) -> tuple[tuple[str, ...], int | None]:
 # ---- GPU ----------------------------------------------------------------------------------------
 def phase_gpu(args) -> dict:
     import cupy as cp
+
     from daemon.ecc.gpu import GpuCodec
     from gpumemctl import cudadrv
 
@@ -190,6 +191,7 @@ def phase_cpu(size_mib: int) -> dict | None:
         say("daemon/ecc/cpu.py is not there: no CPU rows")
         return None
     import numpy as np
+
     from daemon.ecc import cpu
     n = size_mib * MiB // BLOCK
     say(f"CPU codec on {size_mib} MiB")
@@ -253,8 +255,10 @@ def print_table(fig: dict, rows: list[dict]) -> None:
           f"total run {fig['wall_s']:.1f} s")
     headers = ["what", "measured", "of read", "target", "ok?"]
     keys = ["what", "measured", "of_read", "target", "ok"]
-    widths = [max(len(h), *(len(str(r[k])) for r in rows)) for h, k in zip(headers, keys)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    widths = [max(len(h), *(len(str(r[k])) for r in rows))
+              for h, k in zip(headers, keys, strict=True)]
+    cells = (h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    print("  ".join(cells))
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print("  ".join([r["what"].ljust(widths[0]), r["measured"].rjust(widths[1]),

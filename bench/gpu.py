@@ -40,25 +40,12 @@ for path in (ROOT, os.path.join(ROOT, "bench")):
         sys.path.insert(0, path)
 
 import core  # noqa: E402  bench/core.py: the daemon harness and small helpers
+
 from gpumemctl import Client, attach, cudadrv  # noqa: E402
 from gpumemctl.protocol import format_size  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 say, pct = core.say, core.pct
-
-
-class GpuDaemon(core.Daemon):
-    """bench/core.py's harness, starting gpumemd with the cuda backend."""
-
-    def spawn(self) -> float:
-        log = open(self.log_path, "ab")
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(
-            core.console_script("gpumemd") + ["--backend", "cuda", "--socket", self.socket,
-                                              "--state-dir", self.state_dir],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=core.clean_env())
-        log.close()
-        return t0
 
 
 gbps = core.gbps
@@ -110,7 +97,7 @@ def phase_create(c: Client, n: int, size: int) -> dict:
 
 
 # ---- 3. attach latency --------------------------------------------------------------------------
-def phase_attach(d: GpuDaemon, c: Client, n: int) -> dict:
+def phase_attach(d: core.Daemon, c: Client, n: int) -> dict:
     say(f"attach latency: {n} attach/detach cycles of a 1 GiB allocation")
     c.create("attach/x", GiB)
     attach("attach/x", "r", d.socket).detach()                   # warm-up: CUDA context
@@ -144,7 +131,7 @@ def make_file(path: str, size: int) -> str:
 sha256_file = core.file_sha256
 
 
-def cli(d: GpuDaemon, *args: str) -> float:
+def cli(d: core.Daemon, *args: str) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run(core.console_script("gpumemctl") + ["--socket", d.socket, *args],
                           stdin=subprocess.DEVNULL, capture_output=True, env=core.clean_env())
@@ -155,7 +142,7 @@ def cli(d: GpuDaemon, *args: str) -> float:
     return took
 
 
-def phase_io(d: GpuDaemon, c: Client, size: int, shm: str) -> dict:
+def phase_io(d: core.Daemon, c: Client, size: int, shm: str) -> dict:
     src, dst = os.path.join(shm, "in.bin"), os.path.join(shm, "out.bin")
     say(f"write/read: making a {format_size(size)} file in {shm}")
     want = make_file(src, size)
@@ -220,7 +207,7 @@ def tmpfs_baseline(src: str, dst: str, size: int) -> dict:
 
 
 # ---- 5. restart re-adoption ---------------------------------------------------------------------
-def phase_restart(d: GpuDaemon, c: Client, n: int, size: int) -> dict:
+def phase_restart(d: core.Daemon, c: Client, n: int, size: int) -> dict:
     say(f"restart: {n} durable {size >> 20} MiB allocations, then kill -9")
     for i in range(n):
         c.create(f"restart/a{i:03d}", size, durable=True)
@@ -306,8 +293,10 @@ def print_table(fig: dict, rows: list[dict]) -> None:
           f"driver {g['driver']}, {core.machine()['nproc']} CPUs; total run {fig['wall_s']:.1f} s")
     headers = ["what", "measured", "target", "ok?"]
     keys = ["what", "measured", "target", "ok"]
-    widths = [max(len(h), *(len(str(r[k])) for r in rows)) for h, k in zip(headers, keys)]
-    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    widths = [max(len(h), *(len(str(r[k])) for r in rows))
+              for h, k in zip(headers, keys, strict=True)]
+    cells = (h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    print("  ".join(cells))
     print("  ".join("-" * w for w in widths))
     for r in rows:
         print("  ".join([r["what"].ljust(widths[0]), r["measured"].rjust(widths[1]),
@@ -330,16 +319,16 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = tempfile.mkdtemp(prefix="gpumemctl-gpubench-", dir="/tmp")
     shm = tempfile.mkdtemp(prefix="gpumemctl-gpubench-", dir="/dev/shm")
-    d = GpuDaemon(base)
+    d = core.Daemon(base, backend="cuda")
     started = time.perf_counter()
     index = args.device
     fig: dict = {"gpu": {"index": index, "name": cudadrv.device_name(index),
                          "uuid": cudadrv.device_uuid(index),
-                         "driver": "%d.%d" % cudadrv.driver_version()}}
+                         "driver": "{}.{}".format(*cudadrv.driver_version())}}
     try:
         fig["pinned"] = phase_pinned(index)
         say(f"starting gpumemd --backend cuda in {base}")
-        c = d.start()
+        c = d.start(timeout=120).client()
         fig["create"] = phase_create(c, args.creates, args.create_size)
         fig["attach"] = phase_attach(d, c, args.attaches)
         fig["io"] = phase_io(d, c, args.io_size, shm)

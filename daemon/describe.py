@@ -8,12 +8,12 @@ import datetime
 import functools
 
 from .ecc.layout import BLOCK
-from .nodes import Allocation, Node
+from .nodes import Allocation, Directory, Node
 
 
 @functools.lru_cache(maxsize=1 << 16)   # a listing formats the same times again and again
 def iso(ns: int) -> str:
-    dt = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    dt = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -34,8 +34,10 @@ def describe(node: Node, *, holders: bool = False) -> dict:
         "gid": node.gid, "mode": f"{node.mode:04o}", "created": iso(node.created_ns),
         "modified": iso(node.modified_ns), "changed": iso(node.changed_ns),
     }
-    if not isinstance(node, Allocation):
+    if isinstance(node, Directory):
         return {"type": "directory", **common, "entries": len(node.children)}
+    if not isinstance(node, Allocation):    # a new kind of node must say how it is shown
+        raise TypeError(f"describe() knows no {type(node).__name__}")
     info = {
         "type": "allocation", **common, "size": node.size, "capacity": node.capacity,
         "device": node.device, "durable": node.durable, "state": node.state,

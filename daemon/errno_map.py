@@ -28,9 +28,19 @@ from __future__ import annotations
 
 import errno
 
-from gpumemctl.protocol import (Busy, Exists, GpumemError, InternalError, InvalidState,
-                                NoMemory, NotFound, NotRunning, PermissionDenied, Uncorrectable,
-                                UsageError)
+from gpumemctl.protocol import (
+    Busy,
+    Exists,
+    GpumemError,
+    InternalError,
+    InvalidState,
+    NoMemory,
+    NotFound,
+    NotRunning,
+    PermissionDenied,
+    Uncorrectable,
+    UsageError,
+)
 
 ERRNO_FOR_ERROR: dict[type[GpumemError], int] = {
     NotFound: errno.ENOENT,

@@ -72,9 +72,10 @@ class ProcGroups:
     requests are decided by uid alone: root, or the owner)."""
 
     def __init__(self, pid: int):
-        self.pid, self._groups = pid, None
+        self.pid = pid
+        self._groups: frozenset[int] | None = None
 
-    def __contains__(self, gid: int) -> bool:
+    def __contains__(self, gid: object) -> bool:
         if self._groups is None:
             self._groups = supplementary_groups(self.pid)
         return gid in self._groups
@@ -159,6 +160,10 @@ class FileHandle:
         return self._fsetid
 
 
+# An open directory: its entries when opened, (name, node, shown as its .metadata mirror).
+DirSnapshot = list[tuple[str, Node, bool]]
+
+
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
@@ -167,7 +172,7 @@ class Operations(pyfuse3.Operations):
         super().__init__()
         self.m = manager
         self.session = session          # the daemon's session: mount handles belong to it
-        self.handles: dict[int, object] = {}       # fh -> Holder | MetaHandle | dir snapshot
+        self.handles: dict[int, FileHandle | MetaHandle | DirSnapshot] = {}   # fh -> ...
         self._next_fh = 1
         self._lookups: dict[int, int] = {}         # inode -> the kernel's lookup count
         self._known: dict[int, Node] = {}          # inode -> node, while the kernel has it
@@ -196,10 +201,24 @@ class Operations(pyfuse3.Operations):
             raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
         return node
 
-    def _add_fh(self, value) -> int:
+    def _add_fh(self, value: FileHandle | MetaHandle | DirSnapshot) -> int:
         fh, self._next_fh = self._next_fh, self._next_fh + 1
         self.handles[fh] = value
         return fh
+
+    # The kernel passes file calls only handles from open/create, directory calls only those
+    # from opendir: these two say so to the type checker, and name the errno if not.
+    def _file(self, fh: int) -> FileHandle | MetaHandle:
+        handle = self.handles[fh]
+        if isinstance(handle, list):
+            raise UsageError(f"handle {fh} is an open directory", details={"errno": "EISDIR"})
+        return handle
+
+    def _snapshot(self, fh: int) -> DirSnapshot:
+        handle = self.handles[fh]
+        if not isinstance(handle, list):
+            raise UsageError(f"handle {fh} is an open file", details={"errno": "ENOTDIR"})
+        return handle
 
     @staticmethod
     def _attrs(node: Node) -> pyfuse3.EntryAttributes:
@@ -213,11 +232,12 @@ class Operations(pyfuse3.Operations):
             a.st_nlink = 0 if node.unlinked else 1
             a.st_size = node.size or 0
             a.st_blocks = (node.capacity or 0) // 512 if node.buffer is not None else 0
-        else:
+        elif isinstance(node, Directory):
             a.st_nlink = 2 + node.subdirs
             a.st_size = 0
         a.st_mtime_ns = node.modified_ns
-        a.st_atime_ns = node.accessed_ns
+        # (None only before Node.__post_init__, which sets the modification time)
+        a.st_atime_ns = node.modified_ns if node.accessed_ns is None else node.accessed_ns
         a.st_ctime_ns = node.changed_ns
         a.st_birthtime_ns = node.created_ns
         return a
@@ -283,7 +303,7 @@ class Operations(pyfuse3.Operations):
         if self._is_meta(parent_inode):
             return self._meta_lookup(parent_inode, text, cred)
         if parent_inode == ROOT_ID and text == META_NAME:
-            return self._meta_attrs(self.m.root)
+            return self._meta_attrs(self._node(ROOT_ID))
         node = self.m.lookup_child(parent_inode, text, cred)
         self._remember(node)
         return self._attrs(node)
@@ -461,7 +481,7 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def read(self, fh, off, size):
-        handle = self.handles[fh]
+        handle = self._file(fh)
         if isinstance(handle, MetaHandle):
             return handle.text[off:off + size]
         self.m.note_access(handle.alloc)
@@ -469,7 +489,9 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def write(self, fh, off, buf):
-        handle = self.handles[fh]
+        handle = self._file(fh)
+        if isinstance(handle, MetaHandle):    # opened read-only: the kernel refuses first
+            raise UsageError("a .metadata file is read-only", details={"errno": "EBADF"})
         written = self.m.write_at(handle.alloc, off, buf, session=self.session)
         self._drop_setid(handle.alloc, handle.cred, handle)
         return written
@@ -482,14 +504,14 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def fsync(self, fh, datasync):
-        handle = self.handles[fh]
+        handle = self._file(fh)
         if not isinstance(handle, MetaHandle):
             self.m.sync(handle.alloc)
 
     @handler
     def release(self, fh):
         handle = self.handles.pop(fh)
-        if not isinstance(handle, MetaHandle):
+        if isinstance(handle, FileHandle):
             self.m.release_mount(handle.holder)
 
     # =====================================================================================
@@ -517,7 +539,7 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def readdir(self, fh, start_id, token):
-        entries = self.handles[fh]
+        entries = self._snapshot(fh)
         for index in range(start_id, len(entries)):
             name, node, meta = entries[index]
             dot = index < DOTS

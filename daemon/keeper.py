@@ -66,6 +66,7 @@ class Keeper:
             self.kept[key] = (fds, msg.get("meta") or {})
             return framing.send_frame(conn, {"id": rid, "ok": True, "result": {}})
         framing.close_fds(fds)  # only deposit carries fds
+        result: dict[str, object]
         if op == "hello":
             result = {"pid": os.getpid(), "held": len(self.kept),
                       "fds": sum(len(f) for f, _ in self.kept.values())}
@@ -99,7 +100,7 @@ class Keeper:
             conn.close()
             return
         conn.settimeout(10)
-        self.sel.register(conn, selectors.EVENT_READ)
+        self.sel.register(conn, selectors.EVENT_READ, data=conn)   # data: the socket, typed
 
     def serve_one(self, conn: socket.socket) -> None:
         try:
@@ -125,7 +126,7 @@ class Keeper:
                 if key.fileobj is self.listener:
                     self.accept()
                 else:
-                    self.serve_one(key.fileobj)
+                    self.serve_one(key.data)
             if time.monotonic() - last_check >= POLL_SECONDS:
                 last_check = time.monotonic()
                 if not self.socket_still_ours():

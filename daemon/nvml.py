@@ -23,7 +23,8 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("gpumemd")
 
@@ -130,7 +131,7 @@ class Nvml:
             return self._failure
         try:
             if self._lib is None:
-                import pynvml        # the only import of pynvml in the project
+                import pynvml  # the only import of pynvml in the project
                 self._lib = pynvml
             self._lib.nvmlInit()
             self._ready = True
@@ -178,10 +179,10 @@ class Nvml:
         devices = []
         for index in range(count):
             handle = self._query(lib.nvmlDeviceGetHandleByIndex, index)
-            uuid = None if handle is None else self._query(lib.nvmlDeviceGetUUID, handle)
+            uuid = None if handle is None else _text(self._query(lib.nvmlDeviceGetUUID, handle))
             if uuid is None:            # no permission for this device (cgroup), or lost
                 continue
-            devices.append(self._device(index, handle, _text(uuid)))
+            devices.append(self._device(index, handle, uuid))
         return Snapshot(devices=tuple(devices),
                         driver_version=_text(self._query(lib.nvmlSystemGetDriverVersion)))
 

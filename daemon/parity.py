@@ -15,10 +15,18 @@ from __future__ import annotations
 import logging
 import time
 
-from gpumemctl.protocol import round_up
+from gpumemctl.protocol import InternalError, round_up
 
-from .ecc.layout import (BLOCK, CHECKSUM_BYTES, CLEAN, CORRECTED, PARITY_BLOCK, UNCORRECTABLE,
-                         blocks, parity_bytes)
+from .ecc.layout import (
+    BLOCK,
+    CHECKSUM_BYTES,
+    CLEAN,
+    CORRECTED,
+    PARITY_BLOCK,
+    UNCORRECTABLE,
+    blocks,
+    parity_bytes,
+)
 from .nodes import Allocation
 
 log = logging.getLogger("gpumemd")
@@ -27,6 +35,14 @@ log = logging.getLogger("gpumemd")
 def protected_blocks(alloc: Allocation) -> int:
     """Blocks holding bytes below the size."""
     return -(-(alloc.size or 0) // BLOCK)
+
+
+def capacity_of(alloc: Allocation) -> int:
+    """The capacity of an allocation that has memory; a pending one has none, and asking
+    for its parity is a bug."""
+    if alloc.capacity is None:
+        raise InternalError(f"{alloc.path} has no memory yet: no parity to work on")
+    return alloc.capacity
 
 
 def block_range(start: int, end: int) -> range:
@@ -42,7 +58,7 @@ class Parity:
 
     # ---- the parity buffer --------------------------------------------------------------
     def size_for(self, alloc: Allocation) -> int:
-        return self.extra(alloc.ecc, self.backend.device(alloc.device), alloc.capacity)
+        return self.extra(alloc.ecc, self.backend.device(alloc.device), capacity_of(alloc))
 
     @staticmethod
     def extra(ecc: str, dev, capacity: int) -> int:
@@ -65,15 +81,15 @@ class Parity:
           and only the blocks from there on are encoded."""
         if not self.wanted(alloc):
             return False
-        want = self.size_for(alloc)
+        want, total = self.size_for(alloc), blocks(capacity_of(alloc))
         if alloc.parity is not None and alloc.parity.capacity == want and \
-                alloc.parity.blocks == blocks(alloc.capacity):
+                alloc.parity.blocks == total:
             return False          # (the checksums' place depends on the block count)
         new = self.backend.allocate(want, alloc.device, label=f"{alloc.path}#parity")
-        new.blocks = blocks(alloc.capacity)      # the layout it was made for (_carry_over)
+        new.blocks = total      # the layout it was made for (_carry_over)
         old, alloc.parity = alloc.parity, new
         try:
-            kept = self._carry_over(old, new, keep_below // BLOCK, blocks(alloc.capacity))
+            kept = self._carry_over(old, new, keep_below // BLOCK, total)
             if not (fresh and self.backend.fresh_memory_is_zero):
                 self.encode(alloc, kept * BLOCK, alloc.size or 0)
         except BaseException:
@@ -108,7 +124,7 @@ class Parity:
 
     def _run(self, op: str, alloc: Allocation, first: int, count: int):
         return self.backend.ecc(op, alloc.buffer, alloc.parity, first, count,
-                                blocks(alloc.capacity))
+                                blocks(capacity_of(alloc)))
 
     def encode(self, alloc: Allocation, start: int, end: int) -> int:
         """Bring the parity of the blocks that bytes [start, end) touch up to date.
@@ -124,26 +140,22 @@ class Parity:
         """Verify (and with `repair`, repair) blocks [first, first+count). Returns counts
         and the blocks left uncorrectable."""
         status = self._run("verify", alloc, first, count)
-        result = {"blocks": count, "clean": 0, "corrected": 0, "uncorrectable": [],
-                  "symbols": 0, "damaged": []}
         damaged = [first + i for i, s in enumerate(status) if s != CLEAN]
-        result["clean"] = count - len(damaged)
-        if not damaged:
-            return result
-        if not repair:
-            result["damaged"] = damaged
-            return result
-        # Repair only the damaged blocks, each on its own (they are rare).
-        for b in damaged:
-            rstatus, corrected = self._run("repair", alloc, b, 1)
-            if rstatus[0] == CORRECTED:
-                result["corrected"] += 1
-                result["symbols"] += int(corrected[0])
-            elif rstatus[0] == UNCORRECTABLE:
-                result["uncorrectable"].append(b)
-            else:
-                result["clean"] += 1
-        return result
+        clean, corrected, symbols, uncorrectable = count - len(damaged), 0, 0, []
+        if repair:
+            # Repair only the damaged blocks, each on its own (they are rare).
+            for b in damaged:
+                rstatus, fixed = self._run("repair", alloc, b, 1)
+                if rstatus[0] == CORRECTED:
+                    corrected += 1
+                    symbols += int(fixed[0])
+                elif rstatus[0] == UNCORRECTABLE:
+                    uncorrectable.append(b)
+                else:
+                    clean += 1
+        return {"blocks": count, "clean": clean, "corrected": corrected,
+                "uncorrectable": uncorrectable, "symbols": symbols,
+                "damaged": [] if repair else damaged}
 
 
 def now_ns() -> int:

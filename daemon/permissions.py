@@ -6,6 +6,7 @@ and gid plus the supplementary groups read from /proc/PID/status at connect time
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Container
 
 from gpumemctl.protocol import PermissionDenied
 
@@ -19,7 +20,7 @@ class Credentials:
     pid: int
     uid: int
     gid: int
-    groups: frozenset[int] = frozenset()
+    groups: Container[int] = frozenset()     # or fs.ProcGroups: read only when asked
 
     @property
     def is_root(self) -> bool:

@@ -25,6 +25,7 @@ from gpumemctl.protocol import (PROTOCOL_VERSION, GpumemError, InternalError,
                                 PermissionDenied, ProtocolError, UsageError, framing)
 
 from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
+from gpumemctl.protocol.release import VERSION
 
 from . import nvml
 from .check import Checker
@@ -35,7 +36,6 @@ from .permissions import X, Credentials, require, supplementary_groups
 from .sessions import Session
 
 log = logging.getLogger("gpumemd")
-VERSION = "0.1.0"
 EVENT_QUEUE = 1024          # frames a stream may have waiting; a reader further behind is cut off
 COALESCE_SECONDS = 0.05     # `subscribe`: at most one `changed` frame per this, per subscriber
 PROGRESS_SECONDS = 0.1      # `progress`: at most one progress frame per this (plus the first)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 
 from gpumemctl.protocol.framing import ancillary
 
@@ -19,7 +20,7 @@ def notify_socket() -> str | None:
     return os.environ.get("NOTIFY_SOCKET") or None
 
 
-def notify(state: str, fds: list[int] = ()) -> bool:
+def notify(state: str, fds: Sequence[int] = ()) -> bool:
     """Send one notification; False when not running under systemd."""
     path = notify_socket()
     if not path:

@@ -6,8 +6,11 @@ starts fast and `import gpumemctl.protocol` (used by the daemon) pulls in nothin
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-__all__ = ["Attachment", "Client", "Handle", "attach", "__version__"]
+# The distribution's one version, written in gpumemctl/protocol/release.py, where the daemon
+# may read it too.
+from .protocol.release import VERSION as __version__
+
+__all__ = ["Attachment", "Client", "Handle", "__version__", "attach"]
 
 
 def __getattr__(name: str):

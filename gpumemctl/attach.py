@@ -36,28 +36,27 @@ from .protocol import NotRunning, ProtocolError, UsageError, framing
 
 
 def attach(name: str, mode: str = "r", socket: str | None = None, *,
-           client: Client | None = None) -> "Attachment":
+           client: Client | None = None) -> Attachment:
     """Map allocation `name` into this process, read-only ("r") or read-write ("rw").
     Without `client`, the attachment opens (and later closes) its own connection."""
     own = client is None
-    if own:
-        client = Client(socket, client_name="gpumemctl.attach")
+    conn = Client(socket, client_name="gpumemctl.attach") if client is None else client
     try:
-        result, fds = client.call_fds("attach", path=name, mode=mode)
+        result, fds = conn.call_fds("attach", path=name, mode=mode)
     except BaseException:
         if own:
-            client.close()
+            conn.close()
         raise
     try:
         if len(fds) != 1:
             framing.close_fds(fds)
             raise ProtocolError(f"'attach' answered with {len(fds)} fds, expected 1")
-        return Attachment(client, own, result, fds[0], mode)
+        return Attachment(conn, own, result, fds[0], mode)
     except BaseException:
         with contextlib.suppress(Exception):
-            client.call("detach", handle=result["handle"])
+            conn.call("detach", handle=result["handle"])
         if own:
-            client.close()
+            conn.close()
         raise
 
 
@@ -76,6 +75,7 @@ class Attachment:
         self._exports = 0
         self._pending = False          # detach() asked while DLPack exports were alive
         self._detached = False
+        self._memory: CudaMemory | HostMapping
         if self.backend == "cuda":
             self._memory = CudaMemory(fd, info, self.writable)
         else:
@@ -124,7 +124,7 @@ class Attachment:
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
             raise BufferError(f"the memory is on {self.__dlpack_device__()}, not {dl_device}")
         versioned = (self.backend != "cuda" and max_version is not None
-                     and tuple(max_version)[0] >= 1)
+                     and max_version[0] >= 1)
         with self._lock:
             self._require_attached()
             self._exports += 1
@@ -216,7 +216,7 @@ class Attachment:
                 if self._own_client:
                     self._client.close()
 
-    def __enter__(self) -> "Attachment":
+    def __enter__(self) -> Attachment:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -19,9 +19,10 @@ INTERRUPTED = 130           # 128 + SIGINT: what click exits with on Ctrl-C, too
 
 def main() -> None:
     from .completion import requested
-    if requested():                 # started by a completion script (completions/)
+    shell = requested()
+    if shell:                       # started by a completion script (completions/)
         from .completion import run as complete
-        sys.exit(complete(requested()))
+        sys.exit(complete(shell))
     sys.exit(run(sys.argv[1:]))
 
 

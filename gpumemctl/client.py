@@ -23,18 +23,27 @@ from _socket import AF_UNIX, SHUT_RDWR, SOCK_CLOEXEC, SOCK_STREAM
 from _socket import socket as unix_socket
 from _thread import allocate_lock  # what threading.Lock() returns
 
-from .protocol import (PROTOCOL_VERSION, NotRunning, ProtocolError, UsageError,
-                       default_socket, error_from_wire, framing, parse_size)
+from .protocol import (
+    PROTOCOL_VERSION,
+    NotRunning,
+    ProtocolError,
+    UsageError,
+    default_socket,
+    error_from_wire,
+    framing,
+    parse_size,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import BinaryIO, Callable, Iterator
+    from collections.abc import Callable, Iterator
+    from typing import BinaryIO
 
 
 class Handle:
     """An open allocation: a mapping of its memory and the daemon's lock on it."""
 
-    def __init__(self, client: "Client", handle_id: int, fd: int, info: dict, writable: bool,
+    def __init__(self, client: Client, handle_id: int, fd: int, info: dict, writable: bool,
                  backend: str = "host"):
         self.client, self.id, self.info, self.writable = client, handle_id, info, writable
         self.size, self.backend = info["size"], backend
@@ -101,8 +110,10 @@ class Client:
             self.sock.settimeout(timeout)
         except OSError as exc:
             self.sock.close()
-            reason = {errno.ENOENT: "no such socket", errno.ECONNREFUSED: "connection refused",
-                      errno.EACCES: "permission denied"}.get(exc.errno, exc.strerror)
+            reasons: dict[int | None, str | None] = {
+                errno.ENOENT: "no such socket", errno.ECONNREFUSED: "connection refused",
+                errno.EACCES: "permission denied"}
+            reason = reasons.get(exc.errno, exc.strerror)
             raise NotRunning(f"gpumemd is not running: cannot connect to {self.socket_path} "
                              f"({reason})") from None
         self.hello = self.call("hello", version=PROTOCOL_VERSION, client=client_name)
@@ -288,7 +299,7 @@ class Client:
         return self.call("devices")["devices"]
 
     def events(self, *, since: int = 0, limit: int = 100, path: str | None = None) -> list[dict]:
-        args = {"since": since, "limit": limit}
+        args: dict[str, object] = {"since": since, "limit": limit}
         if path:
             args["path"] = path
         return self.call("events", **args)["events"]
@@ -297,13 +308,12 @@ class Client:
         """The backlog, then each new event as it commits. Uses up this connection.
         Ends (StopIteration) when this Client is closed, from any thread."""
         self.sock.settimeout(None)
-        for event in self.call("events", since=since, limit=limit, follow=True)["events"]:
-            yield event
+        yield from self.call("events", since=since, limit=limit, follow=True)["events"]
         for reply in self._stream_frames():
             if "event" in reply:
                 yield reply["event"]
 
-    def subscribe(self, since: int | None = None, limit: int = 100) -> "Subscription":
+    def subscribe(self, since: int | None = None, limit: int = 100) -> Subscription:
         """Live changes, for monitors (docs/protocol.md, `subscribe`): an iterator of
         {"type": "event", "event": {...}} (first the backlog: events after `since`, at most
         `limit`; none when `since` is None), then, as they happen,
@@ -363,7 +373,7 @@ class Client:
         return self._long_call("recover", progress, path=path)
 
     def scrub(self, action: str = "status", *, rate: int | None = None) -> dict:
-        args = {"action": action}
+        args: dict[str, object] = {"action": action}
         if rate is not None:
             args["rate"] = rate
         return self.call("scrub", **args)
@@ -393,7 +403,7 @@ class Subscription:
                 yield {"type": "changed", "nodes": reply["changed"].get("nodes", []),
                        "paths": reply["changed"].get("paths", [])}
 
-    def __iter__(self) -> "Subscription":
+    def __iter__(self) -> Subscription:
         return self
 
     def __next__(self) -> dict:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Annotated, Optional
+from typing import Annotated
 
 import click
 import typer
 
 from . import actions, formats, output
 from .actions import connect, parse_offset, want_json
-from .protocol import GpumemError, UsageError, format_size, parse_size
+from .protocol import GpumemError, InvalidState, UsageError, format_size, parse_size
 from .protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE, USAGE
 
 PROG = "gpumemctl"
@@ -53,12 +53,24 @@ NamesArg = Annotated[list[str], typer.Argument(help="One or more allocation name
 OffsetOpt = Annotated[str, typer.Option("--offset", help="Byte offset (sizes like 4K work).")]
 
 
+def show_version(given: bool) -> None:
+    """`gpumemctl --version` (eager: before any command is looked for): the distribution's
+    one version, worded as `gpumemd --version` words its own."""
+    if given:
+        from . import __version__
+        output.data(f"{PROG} {__version__}")
+        raise typer.Exit(OK)
+
+
 @app.callback()
 def main_options(
-    socket: Annotated[Optional[str], typer.Option(
+    socket: Annotated[str | None, typer.Option(
         "--socket", envvar="GPUMEMD_SOCKET", help="gpumemd's socket.")] = None,
     json_: Annotated[bool, typer.Option("--json", help="JSON output for every command.")]
     = False,
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=show_version,
+        help="Print gpumemctl's version and exit.")] = False,
 ) -> None:
     actions.Settings.socket = socket
     actions.Settings.json = json_
@@ -74,7 +86,8 @@ def command(*names, body=None, **kwargs):
         @functools.wraps(func)
         def run(**params):
             raise typer.Exit(actions.invoke(target, params))
-        run.body = target                # what the fast path must call too (tests)
+        # What the fast path must call too (tests/unit/test_cli_plain.py reads it).
+        run.body = target  # type: ignore[attr-defined]  # a function attribute
         app.command(*names, **kwargs)(run)
         return func
     return wrap
@@ -98,10 +111,10 @@ def create(name: NameArg,
            size: Annotated[str, typer.Option("--size", "-s", help="e.g. 4096, 64K, 1.5G, 2GB.")],
            durable: Annotated[bool, typer.Option("--durable", help="Survive daemon restarts.")]
            = False,
-           device: Annotated[Optional[str], typer.Option("--device",
+           device: Annotated[str | None, typer.Option("--device",
                                                          help="Device index or UUID.")] = None,
            mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")] = "0600",
-           ecc: Annotated[Optional[str], typer.Option(
+           ecc: Annotated[str | None, typer.Option(
                "--ecc", help="rs or none (default: the daemon's, rs unless configured).")]
            = None,
            exist_ok: Annotated[bool, typer.Option(
@@ -161,7 +174,7 @@ def write(name: NameArg,
 def read(name: NameArg,
          file: Annotated[str, typer.Argument(help="Output file, or - for stdout.")] = "-",
          offset: OffsetOpt = "0",
-         length: Annotated[Optional[str], typer.Option("--length",
+         length: Annotated[str | None, typer.Option("--length",
                                                        help="Bytes to read.")] = None):
     """Read NAME (from --offset, --length bytes) to FILE or stdout."""
 
@@ -225,7 +238,7 @@ def events(follow: Annotated[bool, typer.Option("-f", "--follow",
            = 0,
            limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many.")]
            = 100,
-           path: Annotated[Optional[str], typer.Option("--path",
+           path: Annotated[str | None, typer.Option("--path",
                                                        help="Only this path (and below).")]
            = None,
            json_: JsonOpt = False):
@@ -291,7 +304,7 @@ def _verify_line(r: dict) -> str:
 
 
 @command("verify")
-def verify(names: Annotated[Optional[list[str]], typer.Argument(
+def verify(names: Annotated[list[str] | None, typer.Argument(
                help="Allocations or directories (everything under them).",
                autocompletion=complete_name)] = None,
            all_: Annotated[bool, typer.Option("--all", help="Every allocation you may read.")]
@@ -347,10 +360,10 @@ def recover(name: NameArg, json_: JsonOpt = False):
 
 
 def _when(ns: int | None) -> str:
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime  # here: the CLI's start-up imports no more than it needs
     if not ns:
         return "-"
-    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _scrub_counts(t: dict) -> str:
@@ -406,7 +419,7 @@ def _scrub_call(action: str, **kw) -> dict:
 
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Block until the scrub ends; exit 0 "
                                         "clean, 1 repaired, 8 damage left.")]
-RateOpt = Annotated[Optional[str], typer.Option(
+RateOpt = Annotated[str | None, typer.Option(
     "--rate", help="At most this many bytes/s (e.g. 2G); default: 10% of the time, leaving "
                    "90% of the bandwidth to users.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="With --wait: print nothing "
@@ -520,14 +533,28 @@ def top(refresh: Annotated[float, typer.Option(
                          "`gpumemctl ls -R --json`")
     if not 0.2 <= refresh <= 60:
         raise UsageError(f"invalid --refresh {refresh}: seconds from 0.2 to 60")
+    make_app = monitor_factory()    # first: a missing extra is what to fix before anything
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("top needs a terminal on stdin and stdout")
-    from tui import make_app            # Textual loads here only, never for other commands
     make_app(actions.Settings.socket, refresh_seconds=refresh).run()
 
 
+def monitor_factory():
+    """tui.make_app; Textual loads here only, never for other commands. Textual comes with
+    the tui extra, which a client-only install lacks (docs/operations.md): then exit 10 and
+    the line to install it."""
+    try:
+        from tui import make_app
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "textual":
+            raise                       # a module of ours missing: a bug, with its traceback
+        raise InvalidState("top needs the tui extra (textual is not installed): "
+                           "pip install 'gpumemctl[tui]'") from None
+    return make_app
+
+
 @command("doctor")
-def doctor(state_dir: Annotated[Optional[str], typer.Option(
+def doctor(state_dir: Annotated[str | None, typer.Option(
                "--state-dir", help="State directory to check (default: the running daemon's, "
                "else the default).")] = None,
            json_: JsonOpt = False):
@@ -552,6 +579,8 @@ def build_command() -> click.Group:
     """The click tree typer builds from `app`, with the help of positional arguments put
     back: click 8.2+ resets the `help` that typer's TyperArgument sets before calling it."""
     group = typer.main.get_command(app)
+    if not isinstance(group, click.Group):      # typer makes one for an app of many commands
+        raise TypeError(f"typer built a {type(group).__name__} for gpumemctl, not a group")
     _restore_argument_help(group)
     return group
 
@@ -559,12 +588,13 @@ def build_command() -> click.Group:
 def _restore_argument_help(cmd: click.Command) -> None:
     for sub in getattr(cmd, "commands", {}).values():
         _restore_argument_help(sub)
-    declared = None
-    for param in cmd.params:
-        if isinstance(param, click.Argument) and not getattr(param, "help", None):
-            if declared is None:
-                declared = typer.utils.get_params_from_function(cmd.callback)
-            param.help = getattr(declared[param.name].default, "help", None)
+    bare = [param for param in cmd.params
+            if isinstance(param, click.Argument) and not getattr(param, "help", None)]
+    if not bare or cmd.callback is None:
+        return
+    declared = typer.utils.get_params_from_function(cmd.callback)
+    for param in bare:
+        param.help = getattr(declared[param.name].default, "help", None)
 
 
 def run(argv: list[str]) -> int:

@@ -88,7 +88,7 @@ def allocation_names(socket_path: str | None, incomplete: str) -> list[tuple[str
 
     Directories end in `/`. When the only match is a directory, its entries come too, so
     that shells complete up to the `/` and keep going instead of ending the word there."""
-    head, slash, _tail = incomplete.rpartition("/")
+    head, _slash, _tail = incomplete.rpartition("/")
     try:
         from .client import Client
         with Client(socket_path, client_name="gpumemctl-complete",

@@ -25,7 +25,7 @@ import ctypes
 import dataclasses
 import re
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 # =========================================================================================
 # errors
@@ -68,47 +68,58 @@ def _named(name: str, result: int):
 
 
 @_named("CUDA_ERROR_INVALID_VALUE", 1)
-class CudaInvalidValue(CudaError): pass
+class CudaInvalidValue(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_OUT_OF_MEMORY", 2)
-class CudaOutOfMemory(CudaError): pass
+class CudaOutOfMemory(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_NOT_INITIALIZED", 3)
-class CudaNotInitialized(CudaError): pass
+class CudaNotInitialized(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_NO_DEVICE", 100)
-class CudaNoDevice(CudaError): pass
+class CudaNoDevice(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_INVALID_DEVICE", 101)
-class CudaInvalidDevice(CudaError): pass
+class CudaInvalidDevice(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_INVALID_CONTEXT", 201)
-class CudaInvalidContext(CudaError): pass
+class CudaInvalidContext(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_INVALID_HANDLE", 400)
-class CudaInvalidHandle(CudaError): pass
+class CudaInvalidHandle(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_NOT_FOUND", 500)
-class CudaNotFound(CudaError): pass
+class CudaNotFound(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_ILLEGAL_ADDRESS", 700)
-class CudaIllegalAddress(CudaError): pass
+class CudaIllegalAddress(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_NOT_PERMITTED", 800)
-class CudaNotPermitted(CudaError): pass
+class CudaNotPermitted(CudaError):
+    pass
 
 
 @_named("CUDA_ERROR_NOT_SUPPORTED", 801)
-class CudaNotSupported(CudaError): pass
+class CudaNotSupported(CudaError):
+    pass
 
 
 def _class_name(name: str) -> str:
@@ -158,7 +169,7 @@ def _driver():
             from cuda.bindings import driver
         except ImportError as exc:
             raise CudaUnavailable(f"cuda-python is not installed ({exc}): pip install "
-                                  "cuda-python") from None
+                                  "'gpumemctl[cuda]'") from None
         except Exception as exc:   # noqa: BLE001 - a broken install: say so, as one error
             raise CudaUnavailable(f"cuda-python cannot be loaded: {type(exc).__name__}: "
                                   f"{exc}") from None
@@ -556,24 +567,6 @@ def stream_destroy(stream) -> None:
     _cu("cuStreamDestroy", stream)
 
 
-def event_create(timing: bool = False):
-    flags = _driver().CUevent_flags
-    return _cu("cuEventCreate", flags.CU_EVENT_DEFAULT if timing
-               else flags.CU_EVENT_DISABLE_TIMING)
-
-
-def event_record(event, stream) -> None:
-    _cu("cuEventRecord", event, stream)
-
-
-def event_synchronize(event) -> None:
-    _cu("cuEventSynchronize", event)
-
-
-def event_destroy(event) -> None:
-    _cu("cuEventDestroy", event)
-
-
 class PinnedBuffer:
     """Page-locked host memory (cuMemHostAlloc, portable to every context), exposed as a
     writable memoryview. Copies from and to it run at full PCIe/NVLink speed and can be
@@ -738,10 +731,6 @@ def mem_free(ptr: int) -> None:
     _cu("cuMemFree", ptr)
 
 
-def memset_d8_async(dst: int, value: int, n: int, stream) -> None:
-    _cu("cuMemsetD8Async", dst, value, n, stream)
-
-
 def module_load_data(image: bytes):
     """Load a cubin (or NUL-terminated PTX, JIT-compiled by the driver) into the current
     context; returns the CUmodule."""
@@ -800,7 +789,7 @@ def _nvrtc():
             from cuda.bindings import nvrtc
         except ImportError as exc:
             raise CudaUnavailable(f"cuda.bindings.nvrtc is not installed ({exc}): pip install "
-                                  "cuda-python") from None
+                                  "'gpumemctl[cuda]'") from None
         except Exception as exc:   # noqa: BLE001 - a broken install: say so, as one error
             raise CudaUnavailable(f"cuda.bindings.nvrtc cannot be loaded: "
                                   f"{type(exc).__name__}: {exc}") from None
@@ -824,11 +813,6 @@ def _nv(name: str, *args):
     if not out:
         return None
     return out[0] if len(out) == 1 else out
-
-
-def nvrtc_version() -> tuple[int, int]:
-    major, minor = _nv("nvrtcVersion")
-    return int(major), int(minor)
 
 
 def nvrtc_supported_archs() -> list[int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 kDLCPU = 1
 kDLCUDA = 2
@@ -112,6 +112,7 @@ def make_capsule(ptr: int, nbytes: int, device_type: int, device_id: int, *,
                       shape=ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
                       strides=ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64)),
                       byte_offset=0)
+    managed: DLManagedTensorVersioned | DLManagedTensor
     if versioned:
         managed = DLManagedTensorVersioned(version=DLPackVersion(1, 0), manager_ctx=None,
                                            deleter=_deleter,

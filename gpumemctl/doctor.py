@@ -99,6 +99,8 @@ OPTIONAL = [
     ("cuda.bindings", "cuda-python", "the cuda backend"),
     ("pynvml", "nvidia-ml-py", "GPU telemetry in `devices`/`status`"),
 ]
+# The extra of this distribution that brings each package (pyproject.toml): the hint's install.
+EXTRA = {"trio": "daemon", "pyfuse3": "daemon", "cuda-python": "cuda", "nvidia-ml-py": "daemon"}
 
 
 def check_packages() -> list[Check]:
@@ -109,7 +111,7 @@ def check_packages() -> list[Check]:
             checks.append(ok(f"package {dist}", f"{module} {getattr(mod, '__version__', '')}"
                                                 .rstrip()))
         except Exception as exc:   # noqa: BLE001 - ImportError, or a C library failing to load
-            hint = f"pip install {dist} (into gpumemd's environment)"
+            hint = f"pip install 'gpumemctl[{EXTRA[dist]}]' (into gpumemd's environment)"
             checks.append(Check(f"package {dist}", missing,
                                 f"cannot import {module} ({exc}); needed by {needed_by}", hint))
     for module, dist, needed_by in OPTIONAL:
@@ -119,7 +121,7 @@ def check_packages() -> list[Check]:
             found = False
         checks.append(ok(f"package {dist}", f"{module} is installed") if found else
                       warn(f"package {dist}", f"{module} is not installed; {needed_by} is "
-                           "unavailable", f"pip install {dist}"))
+                           "unavailable", f"pip install 'gpumemctl[{EXTRA[dist]}]'"))
     return checks
 
 
@@ -282,7 +284,7 @@ class DaemonFacts:
         return None if self.hello is None else self.hello.get("backend")
 
     @classmethod
-    def probe(cls, socket_path: str) -> "DaemonFacts":
+    def probe(cls, socket_path: str) -> DaemonFacts:
         from .client import Client
         facts = cls(socket_path)
         try:

@@ -126,11 +126,11 @@ def _place(positional: list[str], spec: Spec, params: dict) -> bool:
         return False
     if spec.variadic:
         *single, rest = spec.positional
-        params.update(zip(single, positional))
+        params.update(zip(single, positional, strict=False))  # the rest: `rest`
         params[rest] = positional[len(single):]
         return True
     if len(positional) > len(spec.positional):
         return False
-    params.update(zip(spec.positional, positional))
+    params.update(zip(spec.positional, positional, strict=False))  # optional ones may lack
     return True
 

@@ -24,7 +24,7 @@ def duration(seconds: float | None, unknown: str = "unknown") -> str:
     """12s, 3m05s, 1h02m05s."""
     if seconds is None:
         return unknown
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     h, rest = divmod(seconds, 3600)
     m, sec = divmod(rest, 60)
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
@@ -34,7 +34,7 @@ def event_line(e: dict, *, date: bool = True) -> str:
     """One event as `gpumemctl events` prints it; without `date`, the time of day only
     and no id (the TUI's narrow events panel). Details without a value are left out."""
     import datetime
-    when = datetime.datetime.fromtimestamp(e["time_ns"] / 1e9, tz=datetime.timezone.utc)
+    when = datetime.datetime.fromtimestamp(e["time_ns"] / 1e9, tz=datetime.UTC)
     who = f" uid={e['uid']}" if e.get("uid") is not None else ""
     detail = " ".join(f"{k}={v}" for k, v in sorted(e.get("detail", {}).items())
                       if v is not None)

@@ -18,9 +18,11 @@ import mmap
 import os
 import stat
 import threading
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:       # imported where used: `gpumemctl ls` loads this module, too
+    import ctypes
     from concurrent.futures import ThreadPoolExecutor
 
 from .protocol import InternalError, InvalidState
@@ -170,7 +172,7 @@ class HostMapping:
     hides it from read-only mappings). Used by attach() on the host backend. A read-only
     mapping is PROT_READ: a store through `ptr` kills the process with SIGSEGV."""
 
-    _libc = None
+    _libc: ctypes.CDLL | None = None
 
     def __init__(self, fd: int, capacity: int, writable: bool):
         import ctypes
@@ -186,7 +188,7 @@ class HostMapping:
         self.ptr, self.capacity, self.writable, self.device = addr, capacity, writable, 0
 
     @classmethod
-    def _load_libc(cls):
+    def _load_libc(cls) -> ctypes.CDLL:
         import ctypes
         if cls._libc is None:
             libc = ctypes.CDLL(None, use_errno=True)
@@ -211,7 +213,7 @@ class HostMapping:
 
     def close(self) -> None:
         if self.ptr:
-            self._libc.munmap(self.ptr, self.capacity)
+            self._load_libc().munmap(self.ptr, self.capacity)
             self.ptr = 0
 
 

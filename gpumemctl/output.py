@@ -10,6 +10,10 @@ import time
 from .protocol import format_size
 from .protocol.jsontext import dumps as compact_json
 
+TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
+if TYPE_CHECKING:
+    from collections.abc import Set
+
 
 def data(text: str = "") -> None:
     sys.stdout.write(text + "\n")
@@ -44,14 +48,14 @@ def note(message: str) -> None:
         print(message, file=sys.stderr)
 
 
-def table(rows: list[list[str]], headers: list[str], right: set[int] = frozenset()) -> None:
+def table(rows: list[list[str]], headers: list[str], right: Set[int] = frozenset()) -> None:
     widths = [len(h) for h in headers]
     for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=False)]
 
     def fmt(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=False))).rstrip()
     data(fmt(headers))
     for row in rows:
         data(fmt(row))

@@ -10,20 +10,30 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.text import Text
 from textual import work
 from textual.app import App
 from textual.binding import Binding
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 
+from gpumemctl.formats import duration
 from gpumemctl.protocol import GpumemError, NotRunning, format_size
 
-from .messages import (ActionDone, ActionFailed, DaemonDown, DetailReady, EventArrived,
-                       NodesChanged, SnapshotReady, VerifyFinished, VerifyProgress)
-from gpumemctl.formats import duration
-
+from .messages import (
+    ActionDone,
+    ActionFailed,
+    DaemonDown,
+    DetailReady,
+    EventArrived,
+    NodesChanged,
+    SnapshotReady,
+    VerifyFinished,
+    VerifyProgress,
+)
 from .model import Snapshot
 from .screens.confirm import ConfirmScreen
 from .screens.create import CreateScreen
@@ -135,7 +145,7 @@ class GpumemApp(App):
         except NotRunning as exc:
             self.post_message(DaemonDown(str(exc)))
             return
-        except Exception as exc:  # noqa: BLE001 - a bug must not take the monitor down
+        except Exception as exc:  # a bug must not take the monitor down
             log.exception("snapshot failed")
             self.post_message(DaemonDown(f"snapshot failed: {type(exc).__name__}: {exc}"))
             return
@@ -178,7 +188,8 @@ class GpumemApp(App):
     def on_daemon_down(self, message: DaemonDown) -> None:
         self._fetched()
         if self._down is None:
-            self._down = NotRunningScreen(self.source.socket_path, message.reason)
+            self._down = NotRunningScreen(self.source.socket_path, message.reason,
+                                          self.refresh_seconds)
             self.push_screen(self._down)
         else:
             self._down.attempt_failed(message.reason)
@@ -196,7 +207,7 @@ class GpumemApp(App):
                         self.post_message(NodesChanged(item.get("paths", [])))
             except NotRunning:
                 pass                        # the snapshot worker shows the down screen
-            except Exception:  # noqa: BLE001 - keep watching; the log has the bug
+            except Exception:  # keep watching; the log has the bug
                 log.exception("event subscription failed")
             time.sleep(self.refresh_seconds)
 
@@ -246,7 +257,7 @@ class GpumemApp(App):
             return None
         return entry
 
-    def run_call(self, done: Callable[[object], str], method: str, *args, **kwargs) -> None:
+    def run_call(self, done: Callable[[Any], str], method: str, *args, **kwargs) -> None:
         """Run `Client.<method>` on a worker; its result or error becomes a notification."""
         self._call(done, method, args, kwargs)
 
@@ -257,7 +268,7 @@ class GpumemApp(App):
         except GpumemError as exc:
             self.post_message(ActionFailed(str(exc)))
             return
-        except Exception as exc:  # noqa: BLE001 - a failed action never crashes the app
+        except Exception as exc:  # a failed action never crashes the app
             log.exception("action %s failed", method)
             self.post_message(ActionFailed(f"{method} failed: {type(exc).__name__}: {exc}"))
             return
@@ -352,7 +363,7 @@ class GpumemApp(App):
         except GpumemError as exc:
             self.post_message(VerifyFinished(title, None, str(exc)))
             return
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.exception("%s failed", method)
             self.post_message(VerifyFinished(title, None, f"{type(exc).__name__}: {exc}"))
             return
@@ -368,8 +379,9 @@ class GpumemApp(App):
         if self._verify is not None and self.screen is self._verify:
             self.pop_screen()
         self._verify = None
-        if message.error is not None:
-            self.notify(message.error, title=message.title, severity="error", timeout=10)
+        if message.error is not None or message.summary is None:
+            self.notify(message.error or "no summary", title=message.title, severity="error",
+                        timeout=10)
         else:
             text, severity = verify_text(message.summary)
             self.notify(text, title=message.title, severity=severity, timeout=10)
@@ -385,7 +397,7 @@ def summary_of(result: dict) -> dict:
     return out
 
 
-def verify_text(s: dict) -> tuple[str, str]:
+def verify_text(s: dict) -> tuple[str, SeverityLevel]:
     counts = (f"{s.get('allocations', 0)} allocation(s), {s.get('blocks', 0)} blocks: "
               f"{s.get('clean', 0)} clean, {s.get('corrected', 0)} repaired, "
               f"{s.get('uncorrectable', 0)} uncorrectable, {s.get('skipped', 0)} skipped")

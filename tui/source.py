@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from gpumemctl.client import Client
 from gpumemctl.protocol import NotRunning, ProtocolError, default_socket

@@ -18,7 +18,7 @@ def choose_backend(name: str, *, limit: int | None = None) -> tuple[Backend, str
     from .cuda import CudaBackend
     try:
         backend = CudaBackend()
-    except Exception as exc:   # noqa: BLE001 - auto must start; cuda says what went wrong
+    except Exception as exc:   # auto must start; cuda says what went wrong
         if name == "cuda":
             raise
         reason = str(exc) if isinstance(exc, BackendUnavailable) else \

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from typing import Generic, TypeVar
 
 from gpumemctl.protocol import InvalidState, NoMemory, NotFound, format_size, round_up
-
 
 COPY_CHUNK = 16 << 20   # default zero()/copy() work in pieces this big
 
@@ -53,7 +53,10 @@ class Buffer(abc.ABC):
     device: str          # device UUID
 
 
-class Backend(abc.ABC):
+BufferT = TypeVar("BufferT", bound=Buffer)   # the Buffer subclass a backend makes and takes
+
+
+class Backend(abc.ABC, Generic[BufferT]):
     name: str
 
     @abc.abstractmethod
@@ -100,37 +103,37 @@ class Backend(abc.ABC):
                      "parity": parity, "needed": needed})
 
     @abc.abstractmethod
-    def allocate(self, capacity: int, device: str, label: str) -> Buffer: ...
+    def allocate(self, capacity: int, device: str, label: str) -> BufferT: ...
 
     @abc.abstractmethod
-    def free(self, buf: Buffer) -> None: ...
+    def free(self, buf: BufferT) -> None: ...
 
     @abc.abstractmethod
-    def export(self, buf: Buffer, writable: bool) -> int:
+    def export(self, buf: BufferT, writable: bool) -> int:
         """A new fd for a client; the caller closes it after sending."""
 
     @abc.abstractmethod
-    def keeper_fds(self, buf: Buffer) -> list[int]:
+    def keeper_fds(self, buf: BufferT) -> list[int]:
         """New fds that let the keeper hold the memory; the caller closes them after sending."""
 
     @abc.abstractmethod
-    def adopt(self, fds: list[int], capacity: int, device: str) -> Buffer:
+    def adopt(self, fds: list[int], capacity: int, device: str) -> BufferT:
         """Rebuild a buffer from fds the keeper kept. Takes ownership of `fds`."""
 
     @abc.abstractmethod
-    def read(self, buf: Buffer, offset: int, length: int) -> bytes: ...
+    def read(self, buf: BufferT, offset: int, length: int) -> bytes: ...
 
     @abc.abstractmethod
-    def write(self, buf: Buffer, offset: int, data) -> None: ...
+    def write(self, buf: BufferT, offset: int, data) -> None: ...
 
     # ---- the mount's data path: no buffer allocated per request ------------------------
-    def view(self, buf: Buffer, offset: int, length: int) -> memoryview:
+    def view(self, buf: BufferT, offset: int, length: int) -> memoryview:
         """Bytes [offset, offset+length) for a reply sent before the next call into this
         backend (the FUSE read path). A backend may return a view of its own memory or of a
         reused staging buffer instead of a new copy; this default copies."""
         return memoryview(self.read(buf, offset, length))
 
-    def zero(self, buf: Buffer, start: int, end: int) -> None:
+    def zero(self, buf: BufferT, start: int, end: int) -> None:
         """Make [start, end) read as zeros."""
         zeros = bytes(min(COPY_CHUNK, end - start))
         for offset in range(start, end, COPY_CHUNK):
@@ -140,12 +143,12 @@ class Backend(abc.ABC):
     resizes_in_place = False     # whether resize_in_place() works (else: reallocate + copy)
     fresh_memory_is_zero = False # whether allocate() returns memory that reads as zeros
 
-    def resize_in_place(self, buf: Buffer, capacity: int) -> None:
+    def resize_in_place(self, buf: BufferT, capacity: int) -> None:
         """Change the buffer's capacity where it is, keeping its contents and every fd that
         refers to it (only where `resizes_in_place`)."""
         raise NotImplementedError
 
-    def copy(self, src: Buffer, dst: Buffer, length: int, src_offset: int = 0,
+    def copy(self, src: BufferT, dst: BufferT, length: int, src_offset: int = 0,
              dst_offset: int = 0) -> None:
         """Copy `length` bytes of src (from src_offset) to dst (at dst_offset): a resize;
         this default goes through host memory in COPY_CHUNK pieces."""
@@ -154,18 +157,18 @@ class Backend(abc.ABC):
             self.write(dst, dst_offset + offset, self.read(src, src_offset + offset, n))
 
     # ---- ECC: the codec runs where the memory is (daemon/parity.py) --------------------
-    def ecc(self, op: str, data: Buffer, parity: Buffer, first: int, count: int,
+    def ecc(self, op: str, data: BufferT, parity: BufferT, first: int, count: int,
             total: int):
         """Run codec operation `op` (encode, verify, repair, verify_refresh; see
         daemon/ecc/cpu.py) on blocks [first, first+count) of `data`, whose parity region
         (sized for `total` blocks) is `parity`."""
         raise InvalidState(f"the {self.name} backend has no ECC codec")
 
-    def export_dmabuf(self, buf: Buffer) -> int:
+    def export_dmabuf(self, buf: BufferT) -> int:
         """A dma-buf fd covering the buffer's capacity (for RDMA registration); the caller
         closes it. Backends or devices without dma-buf raise InvalidState."""
         raise InvalidState(f"dma-buf export needs the cuda backend on a device that supports "
                            f"it; this gpumemd runs the {self.name} backend (docs/cuda.md)")
 
-    def close(self) -> None:
+    def close(self) -> None:    # optional: only the cuda backend holds any
         """Release backend-wide resources at daemon stop."""

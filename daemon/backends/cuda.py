@@ -59,7 +59,7 @@ def _describe_unusable(index: int) -> str:
     return f"device {index} ({cudadrv.device_name(index)}) lacks {' and '.join(missing)}"
 
 
-class CudaBackend(Backend):
+class CudaBackend(Backend[CudaBuffer]):
     name = "cuda"
 
     def __init__(self, **_options):
@@ -164,24 +164,25 @@ class CudaBackend(Backend):
         buf = CudaBuffer(handle=handle, capacity=capacity, device=dev.uuid, index=dev.index,
                          share_fd=fd)
         try:
-            self._verify_adopted(buf)
+            self._verify_adopted(buf, handle)
         except BaseException:
             self.free(buf)
             raise
         return buf
 
-    def _verify_adopted(self, buf: CudaBuffer) -> None:
-        """Kept memory must be on the registry's device and exactly `capacity` bytes."""
+    def _verify_adopted(self, buf: CudaBuffer, handle: int) -> None:
+        """Kept memory (`handle`, just imported into `buf`) must be on the registry's device
+        and exactly `capacity` bytes."""
         with cudadrv.context(buf.index):
             try:
-                actual = cudadrv.handle_device(buf.handle)
+                actual = cudadrv.handle_device(handle)
             except cudadrv.CudaError as exc:    # cannot tell: the size checks still run
                 log.warning("cannot read the device of kept memory on %s: %s", buf.device, exc)
                 actual = buf.index
             if actual != buf.index:
                 raise InvalidState(f"kept memory is on device {actual}, the registry says "
                                    f"{buf.index} ({buf.device})")
-            if cudadrv.extends_beyond(buf.handle, buf.capacity, buf.index):
+            if cudadrv.extends_beyond(handle, buf.capacity, buf.index):
                 raise InvalidState(f"kept memory is larger than the registry's capacity "
                                    f"{buf.capacity}")
         try:

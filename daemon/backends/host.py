@@ -49,7 +49,7 @@ def host_uuid() -> str:
         return "HOST-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, os.uname().nodename))
 
 
-class HostBackend(Backend):
+class HostBackend(Backend[HostBuffer]):
     name = "host"
 
     def __init__(self, limit: int | None = None):

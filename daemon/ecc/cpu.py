@@ -23,8 +23,20 @@ import time
 
 import numpy as np
 
-from daemon.ecc.layout import (BLOCK, CHECKSUM_BYTES, CLEAN, CODEWORDS, CORRECTED, FCR,
-                               MAX_CORRECT, MESSAGE, NSYM, PARITY_BLOCK, PRIM, UNCORRECTABLE)
+from daemon.ecc.layout import (
+    BLOCK,
+    CHECKSUM_BYTES,
+    CLEAN,
+    CODEWORDS,
+    CORRECTED,
+    FCR,
+    MAX_CORRECT,
+    MESSAGE,
+    NSYM,
+    PARITY_BLOCK,
+    PRIM,
+    UNCORRECTABLE,
+)
 
 # Status codes beyond layout's CLEAN / CORRECTED / UNCORRECTABLE (docs/ecc.md):
 DAMAGED = 1         # verify(): parity or checksum disagrees with the data; run repair()
@@ -66,7 +78,7 @@ def _generator() -> list[int]:
     g = [1]
     for i in range(FCR, FCR + NSYM):
         root = _alpha(i)
-        g = [a ^ int(_MUL[b, root]) for a, b in zip(g + [0], [0] + g)]
+        g = [a ^ int(_MUL[b, root]) for a, b in zip(g + [0], [0] + g, strict=True)]
     return g
 
 
@@ -80,7 +92,7 @@ def _encode_table() -> np.ndarray:
         unit[d] = rem
         top = rem[0]
         rem = rem[1:] + [0]     # times x, then reduce the x^8 term
-        rem = [r ^ int(_MUL[top, c]) for r, c in zip(rem, g[1:])]
+        rem = [r ^ int(_MUL[top, c]) for r, c in zip(rem, g[1:], strict=True)]
     table = np.empty((MESSAGE, 256, NSYM), np.uint8)
     for j in range(MESSAGE):
         table[j] = _MUL[:, unit[LENGTH - 1 - j]]   # m_j is the coefficient of x^(127-j), times x^8
@@ -346,7 +358,7 @@ def bench(size_mb: int = 256) -> dict[str, float]:
     sums = np.empty(n * CHECKSUM_BYTES, np.uint8)
     rates = {}
 
-    def timed(name, fn, nbytes=len(data)):
+    def timed(name, fn, nbytes=data.size):
         t = time.perf_counter()
         fn()
         rates[name] = nbytes / (time.perf_counter() - t) / 1e6

@@ -35,8 +35,15 @@ import threading
 
 import numpy as np
 
-from daemon.ecc.layout import (BLOCK, CHECKSUM_BYTES, CLEAN, CODEWORDS, CORRECTED,
-                               PARITY_BLOCK, UNCORRECTABLE)
+from daemon.ecc.layout import (
+    BLOCK,
+    CHECKSUM_BYTES,
+    CLEAN,
+    CODEWORDS,
+    CORRECTED,
+    PARITY_BLOCK,
+    UNCORRECTABLE,
+)
 from gpumemctl import cudadrv
 
 log = logging.getLogger(__name__)
@@ -109,6 +116,7 @@ def load_or_compile(capability: tuple[int, int], cache_dir: str | None, extra_op
     NVRTC anything (a daemon with a warm cache needs no libnvrtc)."""
     source = read_source()
     arch, cubin = f"sm_{capability[0]}{capability[1]}", True
+    path: str | None
     if cache_dir and not skip_cache:
         path = cache_path(cache_dir, source, arch, cubin, extra_options)
         image = _read_cached(path)
@@ -157,7 +165,15 @@ class _Scratch:
     """A device buffer and a pinned host buffer of the same size, grown on demand."""
 
     def __init__(self, device: int):
-        self.device, self.size, self.dptr, self.host = device, 0, 0, None
+        self.device, self.size, self.dptr = device, 0, 0
+        self.host: cudadrv.PinnedBuffer | None = None
+
+    @property
+    def pinned(self) -> cudadrv.PinnedBuffer:
+        """The host buffer, which ensure() makes."""
+        if self.host is None:
+            raise RuntimeError("the ECC scratch buffer is used before ensure()")
+        return self.host
 
     def ensure(self, size: int) -> None:
         if size <= self.size:
@@ -175,7 +191,7 @@ class _Scratch:
 
     def array(self, offset: int, count: int, dtype) -> np.ndarray:
         """A numpy view of the pinned buffer (valid until the next ensure() or free())."""
-        return np.frombuffer(self.host.view, dtype=dtype, count=count, offset=offset)
+        return np.frombuffer(self.pinned.view, dtype=dtype, count=count, offset=offset)
 
     def free(self) -> None:
         if self.dptr:
@@ -269,14 +285,14 @@ class GpuCodec:
             sc = self._scratch
             sc.ensure(st_off + k)
             sc.array(list_off, k, np.uint32)[:] = damaged
-            cudadrv.memcpy_htod_async(sc.dptr + list_off, sc.host.ptr + list_off, 4 * k,
+            cudadrv.memcpy_htod_async(sc.dptr + list_off, sc.pinned.ptr + list_off, 4 * k,
                                       self._stream)
             cudadrv.launch_kernel(self._repair, k, REPAIR_THREADS,
                                   [_c64(data_ptr), _c64(parity_ptr), _c64(cks_ptr),
                                    _c64(sc.dptr + list_off), _c64(sc.dptr + st_off),
                                    _c64(sc.dptr + fixed_off)],
                                   self._stream, shared=BLOCK)
-            cudadrv.memcpy_dtoh_async(sc.host.ptr + fixed_off, sc.dptr + fixed_off,
+            cudadrv.memcpy_dtoh_async(sc.pinned.ptr + fixed_off, sc.dptr + fixed_off,
                                       st_off + k - fixed_off, self._stream)
             cudadrv.stream_synchronize(self._stream)
             status[damaged] = sc.array(st_off, k, np.uint8)
@@ -321,7 +337,7 @@ class GpuCodec:
         sc = self._scratch
         sc.ensure(n)
         self._launch_pass(fn, data_ptr, parity_ptr, cks_ptr, n, sc.dptr)
-        cudadrv.memcpy_dtoh_async(sc.host.ptr, sc.dptr, n, self._stream)
+        cudadrv.memcpy_dtoh_async(sc.pinned.ptr, sc.dptr, n, self._stream)
         cudadrv.stream_synchronize(self._stream)
         return sc.array(0, n, np.uint8).copy()
 
@@ -342,13 +358,14 @@ class GpuCodec:
                 cudadrv.module_unload(self._module)
                 self._module = None
 
-    def __enter__(self) -> "GpuCodec":
+    def __enter__(self) -> GpuCodec:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-__all__ = ["GpuCodec", "DAMAGED", "REFRESHED", "NEEDS_REPAIR", "CLEAN", "CORRECTED",
-           "UNCORRECTABLE", "BLOCK", "PARITY_BLOCK", "CHECKSUM_BYTES", "load_or_compile",
-           "default_cache_dir"]
+__all__ = [
+    "BLOCK", "CHECKSUM_BYTES", "CLEAN", "CORRECTED", "DAMAGED", "NEEDS_REPAIR", "PARITY_BLOCK",
+    "REFRESHED", "UNCORRECTABLE", "GpuCodec", "default_cache_dir", "load_or_compile",
+]

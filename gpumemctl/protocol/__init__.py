@@ -4,16 +4,29 @@ Standard library only: the daemon, the keeper and the CLI all import it, and not
 `gpumemctl` may be imported by the daemon (docs/design.md, "Architecture").
 """
 from .defaults import PROTOCOL_VERSION, SOCKET_ENV, default_socket, default_state_dir
-from .errors import (ERROR_TABLE, Busy, Exists, GpumemError, InternalError, InvalidState,
-                     NoMemory, NotFound, NotRunning, PermissionDenied, ProtocolError,
-                     Uncorrectable, UsageError, error_from_wire)
+from .errors import (
+    ERROR_TABLE,
+    Busy,
+    Exists,
+    GpumemError,
+    InternalError,
+    InvalidState,
+    NoMemory,
+    NotFound,
+    NotRunning,
+    PermissionDenied,
+    ProtocolError,
+    Uncorrectable,
+    UsageError,
+    error_from_wire,
+)
 from .names import check_component, normalize, split_path
 from .sizes import format_size, parse_size, round_up
 
 __all__ = [
-    "PROTOCOL_VERSION", "SOCKET_ENV", "default_socket", "default_state_dir", "ERROR_TABLE",
-    "Busy", "Exists", "GpumemError", "InternalError", "InvalidState", "NoMemory", "NotFound",
-    "NotRunning", "PermissionDenied", "ProtocolError", "Uncorrectable", "UsageError",
-    "error_from_wire", "check_component", "normalize", "split_path", "format_size",
-    "parse_size", "round_up",
+    "ERROR_TABLE", "PROTOCOL_VERSION", "SOCKET_ENV", "Busy", "Exists", "GpumemError",
+    "InternalError", "InvalidState", "NoMemory", "NotFound", "NotRunning", "PermissionDenied",
+    "ProtocolError", "Uncorrectable", "UsageError", "check_component", "default_socket",
+    "default_state_dir", "error_from_wire", "format_size", "normalize", "parse_size",
+    "round_up", "split_path",
 ]

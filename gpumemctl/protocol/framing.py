@@ -26,6 +26,10 @@ from _socket import CMSG_SPACE, MSG_CMSG_CLOEXEC, MSG_CTRUNC, SCM_RIGHTS, SOL_SO
 from . import jsontext
 from .errors import ProtocolError
 
+TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 MAGIC = b"GMP1"
 HEADER = struct.Struct("!4sIHH")
 HEADER_SIZE = HEADER.size
@@ -101,7 +105,7 @@ def ancillary(fds: list[int]):
 
 # ---- blocking side (client, keeper) ---------------------------------------------------
 
-def send_frame(sock, message: dict, fds: list[int] = ()) -> None:
+def send_frame(sock, message: dict, fds: Sequence[int] = ()) -> None:
     data = encode(message, len(fds))
     sent = sock.sendmsg([data], ancillary(list(fds)))
     if sent < len(data):
@@ -166,7 +170,7 @@ async def arecv_frame(sock, max_bytes: int) -> tuple[dict, list[int]]:
         raise
 
 
-async def asend_frame(sock, message: dict, fds: list[int] = ()) -> None:
+async def asend_frame(sock, message: dict, fds: Sequence[int] = ()) -> None:
     data = encode(message, len(fds))
     sent = await sock.sendmsg([data], ancillary(list(fds)))
     view = memoryview(data)[sent:]

@@ -36,15 +36,17 @@ try:
         return _json.make_encoder({}, _not_serializable, _json.encode_basestring_ascii,
                                   None, ":", ",", False, False, True)
 
-    _scan = _json.make_scanner(_DecoderSettings())
+    # typeshed types the context as a make_scanner; the C scanner reads only these attributes
+    _scan = _json.make_scanner(_DecoderSettings())  # type: ignore[arg-type]
     _encoder()(None, 0)         # a signature this Python does not take fails here, at import
+    _C_CODEC = True
 except (ImportError, AttributeError, TypeError):      # pragma: no cover - not CPython 3.11+
-    _scan = _encoder = None
+    _C_CODEC = False
 
 
 def dumps(obj) -> str:
     """As json.dumps(obj, separators=(",", ":"))."""
-    if _encoder is None:                               # pragma: no cover
+    if not _C_CODEC:                                   # pragma: no cover
         import json
         return json.dumps(obj, separators=(",", ":"))
     return "".join(_encoder()(obj, 0))
@@ -53,7 +55,7 @@ def dumps(obj) -> str:
 def loads(text: str):
     """As json.loads(text) for a str: ValueError (json.JSONDecodeError where the C scanner
     finds the fault) for anything that is not exactly one JSON document."""
-    if _scan is None:                                  # pragma: no cover
+    if not _C_CODEC:                                   # pragma: no cover
         import json
         return json.loads(text)
     start = len(text) - len(text.lstrip(WHITESPACE))

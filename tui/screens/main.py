@@ -2,6 +2,8 @@
 progress and the event log below, the key bindings in the footer."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from rich.text import Text
 from textual.containers import Horizontal
 from textual.screen import Screen
@@ -13,6 +15,9 @@ from ..widgets.detail import DetailPanel
 from ..widgets.devices import DevicesPanel
 from ..widgets.events import EventsPanel
 from ..widgets.scrub import ScrubPanel
+
+if TYPE_CHECKING:
+    from ..app import GpumemApp  # which imports this module
 
 
 class Banner(Widget):
@@ -56,9 +61,10 @@ class MainScreen(Screen):
         self.query_one("#events").border_title = "events"
         self.query_one("#alloc-table").focus()
         self.ready = True
-        if self.app.snapshot is not None:     # it arrived before we were ready; draw
+        app = cast("GpumemApp", self.app)     # the one app this screen belongs to
+        if app.snapshot is not None:          # it arrived before we were ready; draw
             # once the screen runs, so the panels' messages (the selection) are delivered
-            self.call_after_refresh(self.app.draw, self.app.snapshot)
+            self.call_after_refresh(app.draw, app.snapshot)
 
     def on_unmount(self) -> None:
         self.ready = False                    # the app is closing: draw nothing more

@@ -9,9 +9,10 @@ from textual.widgets import Footer, Static
 
 
 class NotRunningScreen(Screen):
-    def __init__(self, socket_path: str, reason: str) -> None:
+    def __init__(self, socket_path: str, reason: str, refresh_seconds: float) -> None:
         super().__init__()
         self.socket_path, self.reason, self.attempts = socket_path, reason, 0
+        self.refresh_seconds = refresh_seconds      # how often the app tries again
 
     def compose(self):
         with Center():
@@ -35,7 +36,7 @@ class NotRunningScreen(Screen):
         self.query_one("#down-reason", Static).update(
             Text.assemble("socket ", (self.socket_path, "bold"), f"\n{self.reason}"))
         self.query_one("#down-attempts", Static).update(
-            Text(f"retrying every {self.app.refresh_seconds:g} s ({self.attempts} "
+            Text(f"retrying every {self.refresh_seconds:g} s ({self.attempts} "
                  "attempts so far)", style="dim"))
 
     def attempt_failed(self, reason: str) -> None:

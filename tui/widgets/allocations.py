@@ -16,7 +16,6 @@ from .. import model
 from ..model import COLUMN_KEYS, COLUMNS, Snapshot
 from .table import Table
 
-
 RIGHT = {1, 2, 6}      # size, capacity, holders: numbers line up on the right
 ALARM_STATES = {"degraded", "lost"}
 

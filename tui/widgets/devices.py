@@ -14,7 +14,9 @@ def memory_split(d: dict) -> tuple[int, int, int, int]:
     """(total, ours, others, free) in bytes. NVML counts every process (ours included);
     without NVML the backend's own total/free are all there is."""
     total = d.get("memory_total") or d.get("total") or 0
-    free = d.get("memory_free") if d.get("memory_free") is not None else d.get("free") or 0
+    free = d.get("memory_free")
+    if free is None:
+        free = d.get("free") or 0
     ours = min(d.get("ours") or 0, total)
     others = max(0, total - free - ours)
     return total, ours, others, max(0, total - ours - others)

@@ -8,9 +8,8 @@ from rich.text import Text
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
-from gpumemctl.protocol import format_size
-
 from gpumemctl.formats import duration
+from gpumemctl.protocol import format_size
 
 from ..model import rate_text
 
@@ -24,7 +23,7 @@ def last_result(last: dict | None) -> Text:
     if not last:
         return Text("no scrub has run yet", style="dim")
     t = last.get("totals", {})
-    when = datetime.datetime.fromtimestamp(last["finished_ns"] / 1e9, datetime.timezone.utc)
+    when = datetime.datetime.fromtimestamp(last["finished_ns"] / 1e9, datetime.UTC)
     how = "stopped" if last.get("stopped") else "finished"
     style = "bold red" if t.get("uncorrectable") else ("yellow" if t.get("corrected") else "")
     return Text(f"last: {how} {when:%Y-%m-%d %H:%M} UTC, {format_size(t.get('bytes', 0))} in "

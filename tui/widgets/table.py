@@ -7,6 +7,8 @@ The header row stays put while the rows scroll; a click on it asks to sort by th
 """
 from __future__ import annotations
 
+from collections.abc import Set
+
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
@@ -47,7 +49,7 @@ class Table(ScrollView, can_focus=True):
             super().__init__()
             self.column = column
 
-    def __init__(self, headers: list[str], right: set[int] = frozenset(), **kwargs) -> None:
+    def __init__(self, headers: list[str], right: Set[int] = frozenset(), **kwargs) -> None:
         super().__init__(**kwargs)
         self.headers = list(headers)
         self.right = set(right)                      # right-aligned columns (numbers)
@@ -66,7 +68,7 @@ class Table(ScrollView, can_focus=True):
     def selected_key(self) -> str | None:
         return self.keys[self.cursor] if 0 <= self.cursor < len(self.keys) else None
 
-    def show(self, rows: list[tuple[str, tuple[str, ...]]], alarm: set[int] = frozenset()
+    def show(self, rows: list[tuple[str, tuple[str, ...]]], alarm: Set[int] = frozenset()
              ) -> None:
         """Replace the rows; the cursor stays on the same key where it still exists."""
         selected = self.selected_key
@@ -75,8 +77,8 @@ class Table(ScrollView, can_focus=True):
             return                                   # nothing to repaint
         self.keys, self.cells, self.alarm = keys, cells, set(alarm)
         widths = [len(h) for h in self.headers]
-        for cells in self.cells:
-            for i, cell in enumerate(cells):
+        for row in self.cells:
+            for i, cell in enumerate(row):
                 if len(cell) > widths[i]:
                     widths[i] = len(cell)
         widths[0] = min(widths[0], MAX_NAME)
@@ -112,7 +114,7 @@ class Table(ScrollView, can_focus=True):
     # ---- drawing ----------------------------------------------------------------------
     def _line_text(self, cells) -> str:
         parts = []
-        for i, (cell, width) in enumerate(zip(cells, self.widths)):
+        for i, (cell, width) in enumerate(zip(cells, self.widths, strict=False)):
             if len(cell) > width:
                 cell = cell[:width - 1] + "…"
             parts.append(cell.rjust(width) if i in self.right else cell.ljust(width))
