@@ -41,6 +41,7 @@ for path in (ROOT, os.path.join(ROOT, "bench")):
         sys.path.insert(0, path)
 
 import core  # noqa: E402  bench/core.py: the daemon harness and small helpers
+
 from gpumemctl.protocol.sizes import format_size, parse_size  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -95,35 +96,21 @@ def mount_type(path: str) -> str | None:
 
 # ---- the daemon under test ----------------------------------------------------------------------
 class MountDaemon(core.Daemon):
-    """bench/core.py's harness, starting gpumemd with a backend and a mount."""
+    """bench/core.py's harness, starting gpumemd with a backend and a mount at `mnt`."""
 
     def __init__(self, base: str, backend: str, host_capacity: str | None):
-        super().__init__(base)
-        self.backend, self.host_capacity = backend, host_capacity
-        self.mount = os.path.join(base, "mnt")
-
-    def spawn(self) -> float:
-        argv = core.console_script("gpumemd") + [
-            "--backend", self.backend, "--socket", self.socket, "--state-dir", self.state_dir,
-            "--mount", self.mount]
-        if self.host_capacity:
-            argv += ["--host-capacity", self.host_capacity]
-        log = open(self.log_path, "ab")
-        t0 = time.perf_counter()
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                     env=core.clean_env())
-        log.close()
-        return t0
+        super().__init__(base, backend=backend, mount=True,
+                         extra_args=["--host-capacity", host_capacity] if host_capacity else [])
 
     def start(self) -> None:
         """Spawn, wait until the socket serves (the mount is up before that), check it."""
-        super().start().close()
-        kind = mount_type(self.mount)
+        super().start(timeout=30)
+        kind = mount_type(self.mnt)
         if kind != MOUNT_FS_TYPE:
-            raise RuntimeError(f"gpumemd serves but {self.mount} is mounted as {kind!r}, "
+            raise RuntimeError(f"gpumemd serves but {self.mnt} is mounted as {kind!r}, "
                                f"expected {MOUNT_FS_TYPE}")
 
-    def stop(self) -> dict:
+    def stop_and_clean(self) -> dict:
         """SIGTERM, wait, make sure the mount is gone, kill the keeper. Never raises."""
         result = {"exit": None, "stop_s": None, "unmounted_by": None}
         if self.proc is not None and self.proc.poll() is None:
@@ -137,25 +124,11 @@ class MountDaemon(core.Daemon):
             result["stop_s"] = time.perf_counter() - t0
         elif self.proc is not None:
             result["exit"] = self.proc.returncode
-        result["unmounted_by"] = ensure_unmounted(self.mount)
-        self.cleanup()                       # core: the keeper, and the daemon if still alive
+        if self.mounted():
+            say(f"{self.mnt} is still mounted after gpumemd stopped; detaching it")
+        result["unmounted_by"] = self.unmount()   # 'gpumemd' when it had gone already
+        self.cleanup()                       # the keeper, and the daemon if still alive
         return result
-
-
-def ensure_unmounted(path: str) -> str:
-    """Who took the mount away: 'gpumemd', 'fusermount3 -u -z', or 'STILL MOUNTED'."""
-    if mount_type(path) is None:
-        return "gpumemd"
-    say(f"{path} is still mounted after gpumemd stopped; fusermount3 -u -z")
-    if shutil.which("fusermount3"):
-        subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True)
-    if mount_type(path) is None:
-        return "fusermount3 -u -z"
-    if os.geteuid() == 0:
-        subprocess.run(["umount", "-l", path], capture_output=True)
-        if mount_type(path) is None:
-            return "umount -l"
-    return "STILL MOUNTED"
 
 
 # ---- 1. sequential I/O with dd ------------------------------------------------------------------
@@ -375,11 +348,11 @@ def print_table(fig: dict, rows: list[dict]) -> None:
         print(line)
     keys = ["what", "mount", "tmpfs", "ratio"]
     widths = [max(len(k), *(len(r[k]) for r in rows)) for k in keys]
-    print("| " + " | ".join(k.ljust(w) for k, w in zip(keys, widths)) + " |")
+    print("| " + " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)) + " |")
     print("| " + " | ".join("-" * w for w in widths) + " |")
     for r in rows:
         cells = [r["what"].ljust(widths[0])] + [r[k].rjust(w) for k, w in
-                                                zip(keys[1:], widths[1:])]
+                                                zip(keys[1:], widths[1:], strict=True)]
         print("| " + " | ".join(cells) + " |")
     for line in footer(fig):
         print(line)
@@ -417,9 +390,9 @@ def run_phases(d: MountDaemon, shm: str, fig: dict, args) -> None:
     cfg = fig["config"]
     src = os.path.join(shm, "src")
     src_hash = make_source(src, cfg["size"])
-    say(f"starting gpumemd --backend {d.backend} --mount {d.mount}")
+    say(f"starting gpumemd --backend {d.backend} --mount {d.mnt}")
     d.start()
-    dirs = {"mount": d.mount, "tmpfs": os.path.join(shm, "dst")}
+    dirs = {"mount": d.mnt, "tmpfs": os.path.join(shm, "dst")}
     os.mkdir(dirs["tmpfs"])
     fig["seq"] = phase_seq(dirs, src, src_hash, cfg["size"], args.warmup, args.runs,
                            args.fsync)
@@ -453,10 +426,10 @@ def main(argv=None) -> int:
             print(f"--- gpumemd log tail ({d.log_path}) ---\n{tail}", file=sys.stderr)
         raise
     finally:
-        fig["stop"] = d.stop()
+        fig["stop"] = d.stop_and_clean()
         shutil.rmtree(shm, ignore_errors=True)
         if fig["stop"]["unmounted_by"] == "STILL MOUNTED":
-            say(f"{d.mount} could not be unmounted; left {base} in place")
+            say(f"{d.mnt} could not be unmounted; left {base} in place")
         elif args.keep:
             say(f"kept {base}")
         else:

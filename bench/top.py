@@ -3,8 +3,8 @@
 
     .venv/bin/python bench/top.py [--allocations 1000] [--runs 30] [--backend cuda] [--json]
 
-Starts its own gpumemd (host backend, or cuda on a GPU machine) in a temp dir, creates N allocations in ONE
-directory (the worst case: all N rows are on screen), then runs the app headless
+Starts its own gpumemd (host backend, or cuda on a GPU machine) in a temp dir, creates N
+allocations in ONE directory (the worst case: all N rows are on screen), then runs the app headless
 (Textual's run_test, 120x40) and times, per refresh:
   fetch      DaemonSource.snapshot(): `status` + `ls -R` over the socket (the baseline:
              the RPCs the refresh cannot avoid), on the worker thread in the real app;
@@ -24,55 +24,26 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (ROOT, os.path.join(ROOT, "bench")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+import core  # noqa: E402  bench/core.py: the daemon harness
 
 from gpumemctl import Client  # noqa: E402
-from gpumemctl.protocol import NotRunning  # noqa: E402
 from tui import make_app  # noqa: E402
 from tui.source import DaemonSource  # noqa: E402
 
 TARGET_MS = 100.0
 
 
-def say(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def start_daemon(base: str, backend: str) -> tuple[subprocess.Popen, str]:
-    sock = os.path.join(base, "gpumemd.sock")
-    log = open(os.path.join(base, "gpumemd.log"), "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "daemon", "--backend", backend, "--socket",
-                             sock, "--state-dir", os.path.join(base, "state"),
-                             "--host-capacity", "64G"], stdout=log, stderr=log,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                filter(None, (ROOT, os.environ.get("PYTHONPATH"))))})
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            Client(sock).close()
-            return proc, sock
-        except NotRunning:
-            time.sleep(0.05)
-    raise SystemExit("gpumemd did not start; see " + base)
-
-
-def stop_daemon(proc: subprocess.Popen, base: str) -> None:
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(15)
-    try:
-        with open(os.path.join(base, "state", "keeper.pid")) as f:
-            os.kill(int(f.read()), signal.SIGKILL)
-    except (OSError, ValueError):
-        pass
+say = core.say
 
 
 def pct(values: list[float], q: float) -> float:
@@ -163,8 +134,10 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="gpumemctl-bench-tui-")
-    proc, sock = start_daemon(base, args.backend)
+    d = core.Daemon(base, backend=args.backend, extra_args=["--host-capacity", "64G"])
+    sock = d.socket
     try:
+        d.start(timeout=30)
         say(f"creating {args.allocations} allocations in one directory")
         with Client(sock) as c:
             for i in range(args.allocations):
@@ -172,7 +145,8 @@ def main() -> int:
         say(f"{args.runs} refreshes of each kind")
         times = asyncio.run(measure(sock, args.runs, args.allocations))
     finally:
-        stop_daemon(proc, base)
+        d.stop()
+        d.cleanup()                 # the keeper, and gpumemd if it did not stop
         shutil.rmtree(base, ignore_errors=True)
     if not args.json:
         print(f"backend {args.backend}")

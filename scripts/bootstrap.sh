@@ -4,9 +4,10 @@
 #   scripts/bootstrap.sh run     what `make run` needs: fuse3 (fusermount3, the mount), and to
 #                                build pyfuse3 libfuse3-dev, pkg-config, gcc and the Python
 #                                headers; python3-venv; a virtual environment in $VENV
-#                                (default .venv) with the project alone
+#                                (default .venv) with the project and its extras daemon, tui
+#                                and cuda (pyproject.toml's `all`)
 #   scripts/bootstrap.sh test    what `make test` needs: all of the above, the project's test
-#                                extra in $VENV, and the programs the tests drive: attr
+#                                and lint extras in $VENV, and the programs the tests drive: attr
 #                                (setfattr/getfattr), jq (the README's examples), zsh and fish
 #                                (completions), mandoc (man page lint), systemd
 #                                (systemd-analyze verifies the units), tmux (the monitor)
@@ -69,8 +70,10 @@ sum=$(cksum < pyproject.toml | cut -d' ' -f1)
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-target=.
-[ "$purpose" = test ] && target=".[test]"
+# The base install is the client alone (docs/operations.md); a machine that runs gpumemd takes
+# every extra (cuda-python's wheels install without a GPU too), the tests add theirs and lint's.
+target=".[all]"
+[ "$purpose" = test ] && target=".[all,test,lint]"
 echo "bootstrap: installing gpumemctl ($target) and its dependencies into $VENV" >&2
 # compat mode: a plain .pth path entry; the default finder hook costs ~14 ms per start.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \

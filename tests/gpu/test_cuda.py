@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import PYTHON, ROOT, _env, usable_gpus, wait_for
+from tests.harness import PYTHON, ROOT, child_env, usable_gpus, wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -107,12 +107,12 @@ def script(daemon, body: str) -> str:
 
 def run_gpu(daemon, body: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "-c", script(daemon, body), *args], capture_output=True,
-                          text=True, env=_env(), cwd=ROOT, timeout=timeout)
+                          text=True, env=child_env(), cwd=ROOT, timeout=timeout)
 
 
 def spawn_gpu(daemon, body: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([PYTHON, "-c", script(daemon, body), *args], stdout=subprocess.PIPE,
-                            text=True, env=_env(), cwd=ROOT)
+                            text=True, env=child_env(), cwd=ROOT)
 
 
 def last_json(proc: subprocess.CompletedProcess) -> dict:
@@ -128,11 +128,10 @@ def report(what: str, **facts) -> None:
 
 
 def device_facts(index: int = 0) -> dict:
-    code = ("import json; from gpumemctl import cudadrv as c; s = c.device_support(%d); "
-            "print(json.dumps({'dma_buf': s.dma_buf, 'uuid': c.device_uuid(%d)}))"
-            % (index, index))
+    code = (f"import json; from gpumemctl import cudadrv as c; s = c.device_support({index}); "
+            f"print(json.dumps({{'dma_buf': s.dma_buf, 'uuid': c.device_uuid({index})}}))")
     return json.loads(subprocess.run([PYTHON, "-c", code], capture_output=True, text=True,
-                                     env=_env(), check=True).stdout)
+                                     env=child_env(), check=True).stdout)
 
 
 @pytest.fixture
@@ -230,7 +229,7 @@ def test_leased_transient_memory_is_returned_when_its_client_dies(gpu_daemon):
     """
     child = subprocess.Popen([PYTHON, "-c", f"SOCK = {gpu_daemon.socket!r}\n" +
                               textwrap.dedent(code)], stdout=subprocess.PIPE, text=True,
-                             env=_env(), cwd=ROOT)
+                             env=child_env(), cwd=ROOT)
     try:
         assert child.stdout.readline().strip() == "READY"
         during = free_bytes(gpu_daemon)
@@ -391,7 +390,7 @@ def test_two_gpus_one_allocation_each_attached_from_separate_processes(gpu_daemo
         a.detach()
     """
     procs = [subprocess.Popen([PYTHON, "-c", script(gpu_daemon, writer), f"g/{i}", str(10 + i)],
-                              stdout=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+                              stdout=subprocess.PIPE, text=True, env=child_env(), cwd=ROOT)
              for i in (0, 1)]
     outs = []
     for p in procs:

@@ -12,7 +12,7 @@ MiB = 1 << 20
 
 
 def test_scrubber_on_the_cuda_backend_repairs_injected_damage(daemon_factory):
-    from tests.conftest import usable_gpus
+    from tests.harness import usable_gpus
     if usable_gpus() == 0:
         pytest.skip("needs a GPU")
     d = daemon_factory(backend="cuda", extra_args=["--enable-fault-injection"])

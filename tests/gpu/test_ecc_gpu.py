@@ -208,7 +208,7 @@ def inject(cp, b: Bufs, rng, blocks, per_codeword, codewords=None):
                 continue
             pos = rng.choice(136, size=e, replace=False)
             val = rng.integers(1, 256, size=e)
-            for k, v in zip(pos, val):
+            for k, v in zip(pos, val, strict=True):
                 if k < 128:
                     d_idx.append(blk * BLOCK + k * 1024 + c)
                     d_val.append(v)
@@ -278,7 +278,7 @@ def test_repair_matches_cpu_codec(cp, codec):
     assert st_gpu.tolist() == st_cpu.tolist()
     assert fixed_gpu.tolist() == fixed_cpu.tolist()
     assert st_gpu[5] == 2 and st_gpu[7] == 1 and fixed_gpu[7] == 0
-    for dev, h in zip((b.data, b.parity, b.cks), host):
+    for dev, h in zip((b.data, b.parity, b.cks), host, strict=True):
         assert np.array_equal(cp.asnumpy(dev), h)
 
 

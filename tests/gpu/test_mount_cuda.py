@@ -21,7 +21,7 @@ GiB = 1 << 30
 
 @pytest.fixture(scope="module")
 def cuda_mount():
-    from tests.conftest import Daemon, make_base_dir, usable_gpus
+    from tests.harness import Daemon, make_base_dir, usable_gpus
     if usable_gpus() == 0 or not os.path.exists("/dev/fuse"):
         pytest.skip("needs a GPU and /dev/fuse")
     d = Daemon(make_base_dir(), backend="cuda", mount=True).start()

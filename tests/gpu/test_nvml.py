@@ -11,7 +11,7 @@ import time
 import pytest
 
 from daemon import nvml
-from tests.unit.test_manager import with_parity
+from tests.sizes import with_parity
 
 pytestmark = pytest.mark.gpu
 

@@ -8,8 +8,7 @@ import os
 
 import pytest
 
-from tests.tui.conftest import live_app, notifications, run_app, table_rows, until
-from tui.screens.verify import VerifyScreen
+from tests.tui.driving import live_app, notifications, run_app, table_rows, until
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20

@@ -15,7 +15,7 @@ import pytest
 
 import gpumemctl
 from gpumemctl.protocol import Busy, InvalidState, NotFound, UsageError
-from tests.conftest import PYTHON, ROOT, _env, wait_for
+from tests.harness import PYTHON, ROOT, child_env, wait_for
 
 MiB = 1 << 20
 
@@ -29,7 +29,7 @@ def pattern_words(n: int) -> np.ndarray:
 def child(daemon, code: str, *args: str, **popen) -> subprocess.Popen:
     prelude = f"import sys\nSOCK = {daemon.socket!r}\nARGS = sys.argv[1:]\n"
     return subprocess.Popen([PYTHON, "-c", prelude + textwrap.dedent(code), *args],
-                            env=_env(), cwd=ROOT, text=True, **popen)
+                            env=child_env(), cwd=ROOT, text=True, **popen)
 
 
 def test_numpy_sees_the_bytes_written_by_gpumemctl_write(daemon):

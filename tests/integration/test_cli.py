@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.unit.test_manager import with_parity
+from tests.sizes import with_parity
 
 MiB = 1 << 20
 
@@ -80,7 +80,7 @@ def test_out_of_memory_exit_7(daemon_factory):
 
 
 def test_not_running_exit_3(tmp_path):
-    from tests.conftest import Daemon
+    from tests.harness import Daemon
     d = Daemon(str(tmp_path))
     proc = d.cli("ls", check=3)
     assert "not running" in one_line_error(proc)

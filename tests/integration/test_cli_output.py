@@ -12,7 +12,7 @@ import sys
 import click
 import pytest
 
-from tests.conftest import ROOT, _bin, _env
+from tests.harness import ROOT, child_env, script_argv
 
 MiB, BLOCK = 1 << 20, 128 * 1024
 
@@ -254,7 +254,7 @@ def test_a_plain_command_loads_no_typer_click_or_rich(daemon, argv):
             f"heavy = [m for m in sys.modules if m.split('.')[0] in {HEAVY!r}]\n"
             "sys.stderr.write(','.join(heavy)); sys.exit(1 if heavy else 0)")
     proc = subprocess.run([sys.executable, "-c", code, daemon.socket, *argv],
-                          capture_output=True, text=True, cwd=ROOT, env=_env(), check=False)
+                          capture_output=True, text=True, cwd=ROOT, env=child_env(), check=False)
     assert proc.returncode == 0, f"loaded: {proc.stderr}"
     assert proc.stdout
 
@@ -262,5 +262,6 @@ def test_a_plain_command_loads_no_typer_click_or_rich(daemon, argv):
 def test_help_still_comes_from_typer(daemon):
     proc = daemon.cli("ls", "-h", check=0)
     assert b"List allocations and directories." in proc.stdout
-    bare = subprocess.run(_bin("gpumemctl"), capture_output=True, env=_env(), check=False)
+    bare = subprocess.run(script_argv("gpumemctl"), capture_output=True, env=child_env(),
+                          check=False)
     assert bare.returncode == 2 and b"Usage: gpumemctl" in bare.stdout

@@ -5,7 +5,7 @@ import json
 import subprocess
 import threading
 
-from tests.conftest import _bin, _env
+from tests.harness import child_env, script_argv
 
 MiB = 1 << 20
 
@@ -47,13 +47,13 @@ def test_handle_reads_what_another_client_wrote(daemon):
 
 
 def test_events_follow_streams_new_events(daemon):
-    proc = subprocess.Popen(_bin("gpumemctl") + ["--socket", daemon.socket, "events", "-f",
+    proc = subprocess.Popen(script_argv("gpumemctl") + ["--socket", daemon.socket, "events", "-f",
                                                   "--json", "--since", "1000000"],
-                            stdout=subprocess.PIPE, env=_env())
+                            stdout=subprocess.PIPE, env=child_env())
     try:
         with daemon.client() as c:
             # The follower is connected once the daemon counts two sessions.
-            from tests.conftest import wait_for
+            from tests.harness import wait_for
             wait_for(lambda: c.status()["totals"]["sessions"] >= 2, what="the follower")
             c.create("followed", 4096)
         event = json.loads(proc.stdout.readline())

@@ -4,14 +4,13 @@ wins over the file."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 
 import pytest
 
 from daemon import config
-from tests.conftest import _bin, _env, kill_keeper, wait_for
+from tests.harness import child_env, kill_keeper, script_argv, wait_for
 
 MiB = 1 << 20
 
@@ -24,8 +23,8 @@ def write_config(base, text: str) -> str:
 
 
 def run_gpumemd(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run(_bin("gpumemd") + list(args), capture_output=True, text=True,
-                          env=_env(), timeout=timeout)
+    return subprocess.run(script_argv("gpumemd") + list(args), capture_output=True, text=True,
+                          env=child_env(), timeout=timeout)
 
 
 def one_line(proc) -> str:
@@ -83,8 +82,8 @@ class Gpumemd:
     def __init__(self, base, *args: str):
         self.log_path = os.path.join(str(base), f"gpumemd-{len(os.listdir(base))}.log")
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(_bin("gpumemd") + list(args), stdout=log,
-                                         stderr=log, env=_env())
+            self.proc = subprocess.Popen(script_argv("gpumemd") + list(args), stdout=log,
+                                         stderr=log, env=child_env())
 
     def serving(self, socket_path: str) -> None:
         def ready():
@@ -103,8 +102,8 @@ class Gpumemd:
 
 
 def cli(socket_path: str, *args: str, check: int = 0) -> subprocess.CompletedProcess:
-    proc = subprocess.run(_bin("gpumemctl") + ["--socket", socket_path, *args],
-                          capture_output=True, env=_env(), timeout=60)
+    proc = subprocess.run(script_argv("gpumemctl") + ["--socket", socket_path, *args],
+                          capture_output=True, env=child_env(), timeout=60)
     assert proc.returncode == check, proc.stderr
     return proc
 
@@ -159,6 +158,9 @@ def test_scrub_rate_from_the_config_limits_a_scrub_without_rate(daemon_factory, 
     d.cli("create", "x", "--size", "1M", check=True)
     st = d.cli_json("scrub")
     assert st["rate"] == 200 * MiB
+    # That scrub may still be running on a loaded machine; a second start would be refused.
+    wait_for(lambda: not d.cli_json("scrub", "status")["running"], timeout=30,
+             what="the first scrub to finish")
     d.cli("scrub", "--wait", check=True)
     assert d.cli_json("status")["scrub"]["default_rate"] == 200 * MiB
 

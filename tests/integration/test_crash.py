@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from tests.unit.test_manager import with_parity
-from tests.conftest import ROOT, _env, wait_for
+from tests.harness import ROOT, child_env, wait_for
+from tests.sizes import with_parity
 
 MiB = 1 << 20
 
@@ -123,7 +123,7 @@ time.sleep(600)
 
 def test_leased_transient_freed_within_1s_of_client_kill9(daemon):
     proc = subprocess.Popen([sys.executable, "-c", LEASE_CLIENT, daemon.socket],
-                            stdout=subprocess.PIPE, env=_env(), cwd=ROOT)
+                            stdout=subprocess.PIPE, env=child_env(), cwd=ROOT)
     try:
         assert proc.stdout.readline().strip() == b"ready"
         info = daemon.cli_json("info", "leased/x")
@@ -163,7 +163,7 @@ def test_two_daemons_do_not_interfere(daemon_factory):
 
 
 def test_second_daemon_on_same_state_dir_or_socket_is_refused(daemon, daemon_factory):
-    from tests.conftest import Daemon
+    from tests.harness import Daemon
     twin = Daemon(daemon.base)
     twin.start(wait=False)
     assert twin.proc.wait(20) == 1

@@ -21,8 +21,8 @@ import textwrap
 import pytest
 
 from tests import fakecuda
-from tests.conftest import PYTHON, ROOT, _bin, _env, wait_for
-from tests.unit.test_manager import with_parity
+from tests.harness import PYTHON, ROOT, child_env, script_argv, wait_for
+from tests.sizes import with_parity
 
 MiB = 1 << 20
 FAKE_UUID0 = "GPU-fa4ec0da-1234-4000-8000-000000000000"
@@ -55,7 +55,7 @@ def run_py(d, code: str, *args: str, timeout: float = 60) -> subprocess.Complete
     code sees SOCK (the daemon's socket) and ARGS."""
     prelude = f"import sys\nSOCK = {d.socket!r}\nARGS = sys.argv[1:]\n"
     return subprocess.run([PYTHON, "-c", prelude + textwrap.dedent(code), *args],
-                          capture_output=True, text=True, env=_env(d.extra_env),
+                          capture_output=True, text=True, env=child_env(d.extra_env),
                           timeout=timeout, cwd=ROOT)
 
 
@@ -66,9 +66,9 @@ def ok(proc: subprocess.CompletedProcess) -> str:
 
 def gpumemd(fake_lib, tmp_path, *args, **settings) -> subprocess.CompletedProcess:
     """Run gpumemd in the foreground just long enough to start or refuse."""
-    return subprocess.run(_bin("gpumemd") + ["--socket", str(tmp_path / "s"), "--state-dir",
+    return subprocess.run(script_argv("gpumemd") + ["--socket", str(tmp_path / "s"), "--state-dir",
                                              str(tmp_path / "st"), *args],
-                          env=_env(fakecuda.env(fake_lib, **settings)), capture_output=True,
+                          env=child_env(fakecuda.env(fake_lib, **settings)), capture_output=True,
                           text=True, timeout=30)
 
 
@@ -143,9 +143,9 @@ def test_cli_write_and_read_round_trip_in_several_staged_chunks(cuda_daemon, tmp
     with open(tmp_path / "app.bin", "wb") as f:     # O_APPEND after a prefix: sequential
         f.write(b"prefix")
     with open(tmp_path / "app.bin", "ab") as f:
-        subprocess.run(_bin("gpumemctl") + ["--socket", cuda_daemon.socket, "read", "big",
+        subprocess.run(script_argv("gpumemctl") + ["--socket", cuda_daemon.socket, "read", "big",
                                             "--length", str(65 * MiB)],
-                       stdout=f, env=_env(cuda_daemon.extra_env), check=True, timeout=120)
+                       stdout=f, env=child_env(cuda_daemon.extra_env), check=True, timeout=120)
     assert (tmp_path / "app.bin").read_bytes() == b"prefix" + data[:65 * MiB]
     part = cli(cuda_daemon, "read", "big", "--offset", str(70 * MiB - 3), "--length", "4099",
                check=True).stdout
@@ -228,7 +228,7 @@ def test_producer_killed_after_writing_through_attach_consumer_sees_every_word(c
     prelude = f"import sys\nSOCK = {cuda_daemon.socket!r}\nARGS = sys.argv[1:]\n"
     producer = subprocess.Popen([PYTHON, "-c", prelude + textwrap.dedent(PRODUCER), "pc"],
                                 stdout=subprocess.PIPE, text=True,
-                                env=_env(cuda_daemon.extra_env), cwd=ROOT)
+                                env=child_env(cuda_daemon.extra_env), cwd=ROOT)
     try:
         assert producer.stdout.readline().strip() == "READY"
         holders = cli_json(cuda_daemon, "info", "pc")["holders"]
@@ -254,7 +254,7 @@ def test_attach_locks_follow_one_writer_or_many_readers(cuda_daemon):
         with gpumemctl.attach("l", mode, SOCK):
             print(subprocess.run(cmd, capture_output=True).returncode)
     """
-    ctl = _bin("gpumemctl") + ["--socket", cuda_daemon.socket]
+    ctl = script_argv("gpumemctl") + ["--socket", cuda_daemon.socket]
     assert ok(run_py(cuda_daemon, code, "rw", *ctl, "read", "l")).strip() == "9"
     assert ok(run_py(cuda_daemon, code, "rw", *ctl, "write", "l", "/dev/null")).strip() == "9"
     assert ok(run_py(cuda_daemon, code, "r", *ctl, "write", "l", "/dev/null")).strip() == "9"
@@ -321,8 +321,8 @@ def test_leased_transient_memory_is_returned_when_its_client_dies(cuda_daemon):
     """
     prelude = f"import sys\nSOCK = {cuda_daemon.socket!r}\n"
     child = subprocess.Popen([PYTHON, "-c", prelude + textwrap.dedent(code)],
-                             stdout=subprocess.PIPE, text=True, env=_env(cuda_daemon.extra_env),
-                             cwd=ROOT)
+                             stdout=subprocess.PIPE, text=True,
+                             env=child_env(cuda_daemon.extra_env), cwd=ROOT)
     try:
         assert child.stdout.readline().strip() == "READY"
         assert free() == before - with_parity(64 * MiB)

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from daemon import nvml
-from tests.unit.test_manager import with_parity
+from tests.sizes import with_parity
 
 MiB = 1 << 20
 NO_DRIVER = not os.path.exists("/proc/driver/nvidia/version")

@@ -8,8 +8,6 @@ import os
 
 import pytest
 
-from tests.mount.conftest import mounted_factory  # noqa: F401 - a fixture
-
 MiB, BLOCK = 1 << 20, 128 * 1024
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from tests.conftest import wait_for
+from tests.harness import wait_for
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} gpumemd\[\d+\] ")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from tests.conftest import ROOT
+from tests.harness import ROOT
 
 MiB = 1 << 20
 

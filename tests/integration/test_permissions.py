@@ -1,11 +1,12 @@
 """Permissions for a second uid, through the socket API.
 
 The daemon authorises every request from the peer's SO_PEERCRED credentials with POSIX rules
-(daemon/permissions.py, daemon/manager.py). To be a real second uid these tests fork: the
-child drops to nobody (uid/gid 65534, no supplementary groups) and talks to the daemon with
-gpumemctl.Client, imported here before forking (the venv's interpreter and stdlib live under
-/root, which uid 65534 cannot read, so nothing may be imported after the drop). The child
-reports what happened as JSON through a pipe and always leaves with os._exit().
+(daemon/permissions.py, daemon/manager.py). To be a real second uid these tests fork
+(tests/users.py run_as): the child drops to nobody (uid/gid 65534, no supplementary groups)
+and talks to the daemon with gpumemctl.Client, imported here before forking (the venv's
+interpreter and stdlib live under /root, which uid 65534 cannot read, so nothing may be
+imported after the drop). The child reports what happened as JSON through a pipe and always
+leaves with os._exit().
 
 The rules asserted (the same as a POSIX filesystem mounted with default_permissions):
 - resolving a path needs search (x) on every directory on the way;
@@ -23,66 +24,20 @@ This module needs to run as root (to switch uid); it skips otherwise.
 from __future__ import annotations
 
 import errno
-import json
 import mmap
 import os
-import signal
 
 import pytest
 
 from gpumemctl import Client
 from gpumemctl.protocol import GpumemError, PermissionDenied, framing
+from tests.users import NOBODY, run_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
 
 MiB = 1 << 20
-NOBODY = 65534
 PERMISSION = PermissionDenied.code      # 6
 assert PERMISSION == 6
-
-
-# ---- running code as another uid -------------------------------------------------------------
-
-def run_as(fn, *args, uid: int = NOBODY, gid: int = NOBODY, groups=(), timeout: int = 60):
-    """Run fn(*args) in a forked child with the given credentials; returns its JSON result.
-
-    The child never returns into pytest: it writes {"ok": result} or {"crash": text} to a pipe
-    and calls os._exit. An alarm kills it if it hangs."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:                                    # ---- child
-        status = 0
-        try:
-            os.close(r)
-            signal.alarm(timeout)
-            os.setgroups(list(groups))
-            os.setgid(gid)
-            os.setuid(uid)
-            assert os.getuid() == uid and os.geteuid() == uid and os.getgid() == gid
-            out = {"ok": fn(*args)}
-        except BaseException as exc:               # noqa: BLE001 - reported to the parent
-            out = {"crash": f"{type(exc).__name__}: {exc}"}
-            status = 1
-        try:
-            data = json.dumps(out).encode()
-            while data:
-                data = data[os.write(w, data):]
-        finally:
-            os._exit(status)
-    os.close(w)                                     # ---- parent
-    chunks = []
-    with os.fdopen(r, "rb") as f:
-        while True:
-            chunk = f.read(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    _, wstatus = os.waitpid(pid, 0)
-    raw = b"".join(chunks)
-    assert raw, f"child died without a report (wait status {wstatus})"
-    out = json.loads(raw)
-    assert "crash" not in out, f"child crashed: {out['crash']}"
-    return out["ok"]
 
 
 def attempt(fn, *args, **kw) -> dict:

@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PYTHON, ROOT, _env, wait_for
+from tests.harness import PYTHON, ROOT, child_env, wait_for
 
 MiB, GiB = 1 << 20, 1 << 30
 README = os.path.join(ROOT, "README.md")
@@ -88,7 +88,8 @@ class ShellRun:
     stdout: list[str]       # what each one printed
 
     def output(self, prefix: str) -> str:
-        hits = [out for cmd, out in zip(self.commands, self.stdout) if cmd.startswith(prefix)]
+        hits = [out for cmd, out in zip(self.commands, self.stdout, strict=True)
+                if cmd.startswith(prefix)]
         assert len(hits) == 1, f"{len(hits)} commands start with {prefix!r}"
         return hits[0]
 
@@ -141,7 +142,7 @@ def user_env(daemon, tmp_path) -> dict:
     wrapper.write_text("#!/bin/sh\nexec " + PYTHON + " -c 'import sys; from gpumemctl.cli "
                        "import main; sys.exit(main())' \"$@\"\n")
     wrapper.chmod(0o755)
-    env = _env({"GPUMEMD_SOCKET": daemon.socket})
+    env = child_env({"GPUMEMD_SOCKET": daemon.socket})
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
     return env
 

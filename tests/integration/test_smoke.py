@@ -9,7 +9,7 @@ def test_create_write_read_rm(daemon):
     out = daemon.cli("read", "models/llama", "--length", str(len(data)), check=True).stdout
     assert out == data
     entries = daemon.cli_json("ls", "-R")
-    alloc = [e for e in entries if e["path"] == "models/llama"][0]
+    alloc = next(e for e in entries if e["path"] == "models/llama")
     assert alloc["size"] == 3 << 20 and alloc["capacity"] == 4 << 20
     assert alloc["durable"] is True and alloc["state"] == "ready"
     daemon.cli("rm", "models/llama", check=True)

@@ -25,7 +25,7 @@ import pytest
 
 from gpumemctl import Client
 from gpumemctl.protocol import PROTOCOL_VERSION, framing
-from tests.conftest import wait_for
+from tests.harness import wait_for
 
 MiB = 1 << 20
 HELLO = {"id": 1, "op": "hello", "args": {"version": PROTOCOL_VERSION}}
@@ -582,7 +582,7 @@ def test_many_concurrent_connections_opened_and_dropped(daemon):
     baseline = settled_fd_count(daemon)
     conns: list[socket.socket] = []
     try:
-        for i in range(200):
+        for _ in range(200):
             conns.append(raw(daemon))
         for i, s in enumerate(conns):
             if i % 10 == 0:

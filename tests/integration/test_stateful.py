@@ -20,7 +20,7 @@ follows daemon/manager.py exactly:
 Invariants after every step: `ls("", recursive=True)` equals the model (directories, and the
 allocations' paths, sizes, durable flags, state `ready`), and `check()` is clean.
 
-One daemon (and its keeper) per Hypothesis example, built from conftest's `Daemon` class
+One daemon (and its keeper) per Hypothesis example, built from tests/harness.py's `Daemon` class
 directly (fixtures do not mix with Hypothesis' per-example lifecycle) and torn down in
 `teardown()`.
 """
@@ -32,13 +32,10 @@ import shutil
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule)
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-try:                                   # pytest imports tests/conftest.py as tests.conftest
-    from tests.conftest import Daemon, make_base_dir
-except ImportError:                    # pragma: no cover - other rootdir / import modes
-    from conftest import Daemon, make_base_dir
 from gpumemctl.protocol import Exists, GpumemError, NotFound, UsageError
+from tests.harness import Daemon, make_base_dir
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +109,8 @@ class AllocationLifecycle(RuleBasedStateMachine):
         got = self.client.read(path)
         assert len(got) == model["size"], f"{path}: read {len(got)} bytes, size {model['size']}"
         if got != model["data"]:
-            first = next(i for i, (x, y) in enumerate(zip(got, model["data"])) if x != y)
+            first = next(i for i, (x, y) in enumerate(zip(got, model["data"], strict=True))
+                         if x != y)
             raise AssertionError(f"{path}: contents differ from byte {first} "
                                  f"(got {got[first:first + 16].hex()}, "
                                  f"want {bytes(model['data'][first:first + 16]).hex()})")

@@ -14,8 +14,8 @@ import pytest
 
 from gpumemctl import Client
 from gpumemctl.protocol import NotRunning, framing
-from tests.conftest import _bin, _env, wait_for
-from tests.mount.conftest import mounted_factory  # noqa: F401 - a fixture
+from tests.harness import child_env, script_argv, wait_for
+from tests.users import run_as
 
 MiB = 1 << 20
 COALESCE = 0.05          # daemon/server.py COALESCE_SECONDS
@@ -53,7 +53,7 @@ class Collector:
                     return i
             seen = len(items)
             left = deadline - time.monotonic()
-            if left <= 0 or self.ended is not None and seen == len(self.items):
+            if left <= 0 or (self.ended is not None and seen == len(self.items)):
                 raise AssertionError(f"no {what} within {timeout}s (ended: {self.ended!r}); "
                                      f"got {self.items[start:][-20:]}")
             try:
@@ -208,7 +208,6 @@ def test_close_from_another_thread_ends_subscribe(daemon):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
 def test_subscriber_does_not_see_private_allocations_of_others(daemon):
-    from tests.integration.test_permissions import run_as
     with daemon.client() as root:
         root.mkdir("private", mode=0o700)
         root.create("private/secret", 4096)
@@ -338,9 +337,9 @@ def test_cli_verify_progress_on_a_tty(daemon):
         _pair(c)
     master, slave = pty.openpty()
     try:
-        proc = subprocess.run(_bin("gpumemctl") + ["--socket", daemon.socket, "verify",
+        proc = subprocess.run(script_argv("gpumemctl") + ["--socket", daemon.socket, "verify",
                                                     "--all"],
-                              stdout=subprocess.PIPE, stderr=slave, env=_env(), timeout=60)
+                              stdout=subprocess.PIPE, stderr=slave, env=child_env(), timeout=60)
         os.close(slave)
         slave = -1
         meter = b""

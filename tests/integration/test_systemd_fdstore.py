@@ -24,10 +24,7 @@ import threading
 
 import pytest
 
-try:                                   # pytest imports tests/conftest.py as tests.conftest
-    from tests.conftest import _bin, _env, wait_for
-except ImportError:                    # pragma: no cover - other rootdir / import modes
-    from conftest import _bin, _env, wait_for
+from tests.harness import child_env, script_argv, wait_for
 
 MiB = 1 << 20
 GRANULARITY = 2 * MiB
@@ -57,7 +54,7 @@ class FakeServiceManager:
             try:
                 data, ancdata, flags, _addr = self.sock.recvmsg(
                     65536, ancillary_space, socket.MSG_CMSG_CLOEXEC)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -148,10 +145,10 @@ os.execv(sys.argv[1], sys.argv[1:])
 def start_with_fds(daemon, entries: list[tuple[str, int]]) -> None:
     """Start `daemon` as systemd restarts a service that has an fd store."""
     fds = [fd for _, fd in entries]
-    env = _env({**daemon.extra_env, "FAKE_SYSTEMD_FDS": ",".join(map(str, fds)),
+    env = child_env({**daemon.extra_env, "FAKE_SYSTEMD_FDS": ",".join(map(str, fds)),
                 "LISTEN_FDS": str(len(fds)),
                 "LISTEN_FDNAMES": ":".join(name for name, _ in entries)})
-    command = _bin("gpumemd") + ["--backend", daemon.backend, "--socket", daemon.socket,
+    command = script_argv("gpumemd") + ["--backend", daemon.backend, "--socket", daemon.socket,
                                  "--state-dir", daemon.state_dir, "--log-level", "debug",
                                  *daemon.extra_args]
     with open(daemon.log_path, "ab") as log:

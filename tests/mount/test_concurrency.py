@@ -56,7 +56,7 @@ def run_threads(workers: list, timeout: float = 120) -> list:
 def assert_same(got: bytes, want: bytes, what: str) -> None:
     if got == want:
         return
-    for i, (x, y) in enumerate(zip(got, want)):
+    for i, (x, y) in enumerate(zip(got, want, strict=False)):   # the common prefix
         if x != y:
             raise AssertionError(f"{what}: first difference at byte {i} of {len(want)}: got "
                                  f"{got[i:i + 16].hex()}, want {want[i:i + 16].hex()}")
@@ -123,12 +123,12 @@ def test_concurrent_writers_distinct_files(mounted):
 
     # ... through the socket API, which reads the same memory without the kernel ...
     with mounted.client() as client:
-        for name, data in zip(names, datas):
+        for name, data in zip(names, datas, strict=True):
             assert_same(client.read(name), data, f"{name} via the socket API")
 
     # ... and as `gpumemctl ls` shows them.
     listed = {e["path"]: e for e in mounted.cli_json("ls", "-R")}
-    for name, size in zip(names, sizes):
+    for name, size in zip(names, sizes, strict=True):
         entry = listed[name]
         assert (entry["type"], entry["size"], entry["state"]) == ("allocation", size, "ready")
         assert entry["capacity"] >= size
@@ -183,7 +183,7 @@ def test_concurrent_readers_one_file(mounted):
             c.kill()
             c.wait()
     assert all(checked[:4]), checked[:4]
-    for c, out in zip(cats, checked[4:]):
+    for c, out in zip(cats, checked[4:], strict=True):
         assert c.returncode == 0
         assert_same(out, data, "cat of big")
     # Reading changed nothing.
@@ -353,7 +353,8 @@ def test_concurrent_writers_one_file_disjoint_ranges(mounted):
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         barrier = threading.Barrier(writers)
 
-        def write_region(k: int) -> None:
+        # This round's values bound now, as the lambdas below bind k.
+        def write_region(k: int, round_=round_, path=path, barrier=barrier, datas=datas) -> None:
             pieces = chunks(region, first=k)
             random.Random(round_ * 100 + k).shuffle(pieces)
             fd = os.open(path, os.O_WRONLY)

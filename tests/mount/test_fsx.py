@@ -32,13 +32,16 @@ import stat
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
-                                 rule, run_state_machine_as_test)
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-try:                                   # pytest imports tests/conftest.py as tests.conftest
-    from tests.conftest import wait_for
-except ImportError:                    # pragma: no cover - other rootdir / import modes
-    from conftest import wait_for
+from tests.harness import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +80,7 @@ def payload(seed: int, length: int) -> bytes:
 
 
 def first_difference(got: bytes, want: bytes) -> str:
-    for i, (x, y) in enumerate(zip(got, want)):
+    for i, (x, y) in enumerate(zip(got, want, strict=False)):   # the common prefix
         if x != y:
             return (f"first difference at byte {i}: got {got[i:i + 16].hex()}, "
                     f"want {bytes(want[i:i + 16]).hex()}")

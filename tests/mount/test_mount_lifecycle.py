@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import is_mounted
+from tests.harness import is_mounted
 
 from .posix import MiB
 

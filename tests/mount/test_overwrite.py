@@ -12,6 +12,8 @@ import subprocess
 
 import pytest
 
+from tests.users import run_as
+
 from .posix import MiB, expect_errno, pattern
 
 OLD_NS = 1_000_000_000          # 1970-01-01T00:00:01: any real update is later
@@ -133,7 +135,6 @@ def test_overwriting_a_durable_file_keeps_its_parity_and_survives_kill9(mounted)
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
 def test_o_trunc_needs_write_permission(mounted):
-    from tests.integration.test_permissions import run_as
     f = os.path.join(mounted.mnt, "f")
     write_old(f, b"root's bytes")
     os.chmod(f, 0o644)

@@ -1,6 +1,6 @@
 """A second uid on the mount: the kernel (default_permissions, allow_other as root) and the
 manager apply the same POSIX rules. The child drops to nobody (65534) by fork + setuid
-(tests/integration/test_permissions.py explains run_as)."""
+(tests/users.py run_as)."""
 from __future__ import annotations
 
 import errno
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.integration.test_permissions import NOBODY, run_as
+from tests.users import NOBODY, run_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
 

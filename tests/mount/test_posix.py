@@ -9,19 +9,19 @@ import shutil
 
 import pytest
 
+from tests.harness import MOUNT_BACKEND, Daemon, fuse_missing, make_base_dir
+
 from . import posix
 
 
 @pytest.fixture(scope="module")
 def shared_mount(tmp_path_factory):
     """One daemon for the whole module: the helpers clean up after themselves."""
-    from tests.conftest import Daemon, make_base_dir
-    from .conftest import BACKEND, _fuse_missing
-    reason = _fuse_missing()
+    reason = fuse_missing()
     if reason:
         pytest.skip(reason)
-    extra = ["--host-capacity", "1G"] if BACKEND == "host" else []
-    d = Daemon(make_base_dir(), backend=BACKEND, mount=True, extra_args=extra).start()
+    extra = ["--host-capacity", "1G"] if MOUNT_BACKEND == "host" else []
+    d = Daemon(make_base_dir(), backend=MOUNT_BACKEND, mount=True, extra_args=extra).start()
     yield d
     d.stop()
     d.cleanup()

@@ -11,9 +11,10 @@ import subprocess
 
 import pytest
 
+from tests.users import NOBODY, run_as
+
 from .posix import expect_errno
 
-NOBODY = 65534
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
 OLD_NS = 1_000_000_000          # 1970-01-01T00:00:01: any real update is later
 
@@ -32,7 +33,6 @@ def make(path: str, mode: int, data: bytes = b"old") -> None:
 # ---- set-user-ID and set-group-ID ------------------------------------------------------------
 def _nobody_does(action: str, path: str):
     """In a child running as uid/gid 65534 (no capabilities): write or truncate `path`."""
-    from tests.integration.test_permissions import run_as
 
     def act():
         if action == "write":
@@ -102,7 +102,6 @@ def test_setid_cleared_once_and_the_data_written(mounted):
 
 @root_only
 def test_a_write_to_an_unlinked_setid_file_still_works(mounted):
-    from tests.integration.test_permissions import run_as
     f = os.path.join(mounted.mnt, "f")
     make(f, 0o644)
     os.chown(f, NOBODY, NOBODY)

@@ -21,7 +21,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, _bin, _env
+from tests.harness import ROOT, child_env, script_argv
 
 OUTSIDE = "../" + "shared"          # spelled in two pieces so that this file passes its own test
 LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -230,8 +230,8 @@ def test_design_command_table_says_what_is_built_and_what_is_planned():
     assert {"ln", "snapshot", "load", "save", "meta"} <= table["planned"]
     answers = {}
     for word in sorted(table["built"] | table["planned"]):
-        proc = subprocess.run(_bin("gpumemctl") + [word, "--help"], capture_output=True,
-                              env=_env(), timeout=60, check=False)
+        proc = subprocess.run(script_argv("gpumemctl") + [word, "--help"], capture_output=True,
+                              env=child_env(), timeout=60, check=False)
         answers[word] = proc.returncode
     assert {w for w in table["built"] if answers[w] != 0} == set(), answers
     # A planned command that has been built must move to "built" in docs/design.md (an

@@ -11,7 +11,7 @@ from tui.screens.create import CreateScreen
 from tui.screens.not_running import NotRunningScreen
 from tui.screens.verify import VerifyScreen
 
-from .conftest import live_app, notifications, run_app, table_rows, until
+from .driving import live_app, notifications, run_app, table_rows, until
 
 MiB = 1 << 20
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests.harness import ROOT, child_env
 from tui import model
-
-from tests.conftest import ROOT, _env
 
 
 def entry(path, size=None, kind="allocation", **kw):
@@ -54,7 +53,7 @@ def test_tui_never_imports_the_daemon():
     code = ("import sys, tui, tui.app; bad = [m for m in sys.modules if m.split('.')[0] in "
             "('daemon', 'cuda', 'pynvml')]; print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=_env(), cwd=ROOT)
+                          env=child_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -78,9 +77,10 @@ def test_the_wheel_ships_the_styles_and_kernels(tmp_path):
 
 def test_shared_formats():
     """gpumemctl.formats serves the CLI and the TUI alike."""
+    import pytest
+
     from gpumemctl.formats import duration, event_line, parse_mode
     from gpumemctl.protocol import UsageError
-    import pytest
     assert parse_mode(" 0640 ") == 0o640
     with pytest.raises(UsageError, match="invalid mode '0980'"):
         parse_mode("0980")

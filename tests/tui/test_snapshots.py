@@ -1,6 +1,6 @@
 """The monitor's look, pinned with pytest-textual-snapshot: the main screen with
 allocations, the create form showing a validation error, the delete modal, and the
-not-running screen. The data comes from a real daemon, frozen (tests/tui/conftest.py).
+not-running screen. The data comes from a real daemon, frozen (tests/tui/driving.py).
 Update after an intended change: pytest tests/tui --snapshot-update, then look at the SVGs."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from tui import make_app
 
-from .conftest import freeze, frozen_app, settled, until
+from .driving import freeze, frozen_app, settled, until
 
 pytestmark = pytest.mark.usefixtures("no_cursor_blink")
 

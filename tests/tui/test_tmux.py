@@ -2,7 +2,6 @@
 capture-pane reads the screen (what an operator sees, end to end)."""
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import subprocess
@@ -11,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import _bin, _env
+from tests.harness import child_env, script_argv
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux is not installed (scripts/bootstrap.sh adds it)")
@@ -48,15 +47,16 @@ class Tmux:
 def test_top_in_tmux(daemon):
     daemon.cli("create", "models/llama", "--size", "64M", "--durable", check=True)
     command = " ".join(shlex.quote(a) for a in
-                       _bin("gpumemctl") + ["--socket", daemon.socket, "top"])
-    env = _env({"TERM": "xterm-256color"})
+                       script_argv("gpumemctl") + ["--socket", daemon.socket, "top"])
+    env = child_env({"TERM": "xterm-256color"})
     tmux = Tmux()
     try:
         subprocess.run(["tmux", "-L", tmux.server, "-f", "/dev/null", "new-session", "-d",
                         "-s", "top", "-x", "100", "-y", "30",
                         f"{command}; echo EXITED=$?; sleep 30"],
                        env=env, check=True)
-        screen = tmux.wait("models/")
+        tmux.wait("models/")
+        screen = tmux.wait("host backend")     # the banner may be drawn after the table
         assert "gpumemd 0.1.0" in screen and "host backend" in screen
         tmux.keys("Enter")                                  # into models/
         tmux.wait("llama")

@@ -15,7 +15,9 @@ from gpumemctl.commands import build_command
 from gpumemctl.protocol import jsontext
 
 GROUP = build_command()
-HELP = {"-h", "--help"}
+# Options click acts on at once, then exits: the fast path leaves every command line with
+# one of them to typer (an option it does not know), so it need not know them.
+HELP = {"-h", "--help", "--version"}
 
 
 def click_options(cmd: click.Command) -> dict:

@@ -11,8 +11,17 @@ import pytest
 import reedsolo
 
 from daemon.ecc import cpu
-from daemon.ecc.layout import (BLOCK, CHECKSUM_BYTES, CLEAN, CODEWORDS, CORRECTED, MESSAGE,
-                               NSYM, PARITY_BLOCK, UNCORRECTABLE)
+from daemon.ecc.layout import (
+    BLOCK,
+    CHECKSUM_BYTES,
+    CLEAN,
+    CODEWORDS,
+    CORRECTED,
+    MESSAGE,
+    NSYM,
+    PARITY_BLOCK,
+    UNCORRECTABLE,
+)
 
 LENGTH = MESSAGE + NSYM
 
@@ -44,7 +53,7 @@ class Blocks:
     def same_as(self, snap, blocks=None) -> bool:
         """Bytes equal to snap (only in the given blocks, if any)."""
         sizes = (BLOCK, PARITY_BLOCK, CHECKSUM_BYTES)
-        for a, b, size in zip(self.args(), snap, sizes):
+        for a, b, size in zip(self.args(), snap, sizes, strict=True):
             a, b = a.reshape(self.n, size), b.reshape(self.n, size)
             if blocks is not None:
                 a, b = a[blocks], b[blocks]

@@ -18,8 +18,9 @@ from daemon.fs import Operations
 from daemon.manager import DAEMON, RELATIME_NS
 from daemon.registry import ROOT_ID, SCHEMA_VERSION, Registry
 from gpumemctl.protocol import NoMemory
+from tests.sizes import MiB
 
-from .test_manager import ROOT, MiB, World, clean
+from .world import ROOT, clean
 
 ALICE = types.SimpleNamespace(pid=os.getpid(), uid=1000, gid=1000)
 ROOT_CTX = types.SimpleNamespace(pid=os.getpid(), uid=0, gid=0)
@@ -32,11 +33,9 @@ def fuse_errno(fn, *args) -> int:
 
 
 @pytest.fixture
-def m(tmp_path):
-    """A manager on a real registry, the host backend (256 MiB) and a real keeper."""
-    world = World(tmp_path)
-    yield world.m
-    world.close()
+def m(world):
+    """A manager on a real registry, the host backend (256 MiB) and the in-process keeper."""
+    return world.m
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""The AllocationManager called directly (tier a): a real registry, the host backend and a
-real keeper process in a temp dir; `check` runs after each scenario."""
+"""The AllocationManager called directly (tier a): a real registry, the host backend and the
+in-process keeper (the `world` fixture, tests/unit/world.py); `check` runs after each
+scenario."""
 from __future__ import annotations
 
 import mmap
@@ -7,73 +8,11 @@ import os
 
 import pytest
 
-from daemon.backends.host import HostBackend
 from daemon.check import Checker
-from daemon.keeper_link import ProcessKeeper
-from daemon.manager import AllocationManager
-from daemon.permissions import Credentials
-from daemon.registry import Registry
-from daemon.ecc.layout import parity_bytes
-from gpumemctl.protocol import (Busy, Exists, InvalidState, NoMemory, NotFound, UsageError,
-                                round_up)
+from gpumemctl.protocol import Busy, Exists, InvalidState, NoMemory, NotFound, UsageError
+from tests.sizes import MiB, with_parity
 
-ROOT = Credentials(pid=os.getpid(), uid=0, gid=0)
-MiB = 1 << 20
-
-
-def with_parity(capacity: int) -> int:
-    """Memory an allocation of `capacity` holds with ECC on (the default): the data and its
-    parity region, rounded to the 2 MiB granularity (daemon/parity.py)."""
-    return capacity + round_up(parity_bytes(capacity), 2 * MiB)
-
-
-class World:
-    """A manager and everything under it; `restart()` builds a fresh one on the same state,
-    as a daemon restart does (the keeper process lives on)."""
-
-    def __init__(self, tmp_path, limit=256 * MiB):
-        self.dir = str(tmp_path)
-        self.limit = limit
-        self.managers = []
-        self.m = self._new()
-
-    def _new(self) -> AllocationManager:
-        m = AllocationManager(Registry(os.path.join(self.dir, "registry.sqlite")),
-                              HostBackend(limit=self.limit), ProcessKeeper(self.dir))
-        self.summary = m.start()
-        self.managers.append(m)
-        return m
-
-    def crash(self) -> AllocationManager:
-        """Drop the manager without shutdown (its memfds close as a killed daemon's would)."""
-        old = self.m
-        for a in old.allocations():
-            if a.buffer is not None:
-                old.backend.free(a.buffer)
-        old.keeper.close()
-        old.registry.close()
-        self.m = self._new()
-        return self.m
-
-    def close(self):
-        try:
-            self.m.keeper.shutdown()
-        except Exception:  # noqa: BLE001 - best effort at teardown
-            pass
-        for m in self.managers:
-            m.registry.close()
-
-
-@pytest.fixture
-def world(tmp_path):
-    w = World(tmp_path)
-    yield w
-    w.close()
-
-
-def clean(m):
-    report = Checker(m).run()
-    assert report["clean"], report["problems"]
+from .world import ROOT, clean
 
 
 def write(m, path, data, offset=0):
@@ -178,13 +117,13 @@ def test_one_writer_or_many_readers(world):
     m = world.m
     m.create("x", ROOT, size=MiB)
     s1, s2 = m.open_session(ROOT), m.open_session(ROOT)
-    r1, fd1, _ = m.open("x", ROOT, s1, "r")
-    r2, fd2, _ = m.open("x", ROOT, s2, "r")
+    _, fd1, _ = m.open("x", ROOT, s1, "r")
+    _, fd2, _ = m.open("x", ROOT, s2, "r")
     with pytest.raises(Busy):
         m.open("x", ROOT, s2, "rw")
     m.close_session(s1)
     m.close_session(s2)
-    w, fd3, _ = m.open("x", ROOT, s1, "rw")
+    _, fd3, _ = m.open("x", ROOT, s1, "rw")
     with pytest.raises(Busy):
         m.open("x", ROOT, s2, "r")
     m.close_session(s1)           # a writer's crash releases its lock

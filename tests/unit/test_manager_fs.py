@@ -1,5 +1,6 @@
 """The AllocationManager's filesystem operations (what daemon/fs.py calls), tier (a): a real
-registry, the host backend and a real keeper; `check` runs after each scenario."""
+registry, the host backend and the in-process keeper (the `world` fixture); `check` runs after
+each scenario."""
 from __future__ import annotations
 
 import errno
@@ -11,10 +12,18 @@ from daemon.errno_map import errno_for
 from daemon.manager import NOW
 from daemon.permissions import Credentials
 from daemon.registry import ROOT_ID
-from gpumemctl.protocol import (Busy, Exists, InvalidState, NoMemory, NotFound,
-                                PermissionDenied, UsageError)
+from gpumemctl.protocol import (
+    Busy,
+    Exists,
+    InvalidState,
+    NoMemory,
+    NotFound,
+    PermissionDenied,
+    UsageError,
+)
+from tests.sizes import MiB, with_parity
 
-from .test_manager import MiB, ROOT, clean, with_parity, world  # noqa: F401 - world: fixture
+from .world import ROOT, clean
 
 ALICE = Credentials(pid=os.getpid(), uid=1000, gid=1000)
 BOB = Credentials(pid=os.getpid(), uid=1001, gid=1001)
@@ -297,7 +306,7 @@ def test_rename_over_held_file_defers_free(world):
     m.create("a", ROOT, size=MiB)
     m.create("b", ROOT, size=MiB, durable=True)
     s = m.open_session(ROOT)
-    holder, fd, _ = m.open("b", ROOT, s, "r")
+    _, fd, _ = m.open("b", ROOT, s, "r")
     os.close(fd)
     m.rename(ROOT_ID, "a", ROOT_ID, "b", ROOT)
     assert m.backend.used == 2 * with_parity(2 * MiB) and m.keeper.keys() == []
@@ -379,7 +388,7 @@ def test_unlink_and_rmdir_child(world):
         m.rmdir_child(d.id, "a", ROOT)
     assert errno_for(exc.value) == errno.ENOTDIR
     s = m.open_session(ROOT)
-    holder, fd, _ = m.open("d/a", ROOT, s, "rw")
+    _, fd, _ = m.open("d/a", ROOT, s, "rw")
     os.close(fd)
     m.unlink_child(d.id, "a", ROOT)                     # held: the name goes, memory stays
     assert m.backend.used == with_parity(2 * MiB) and m.keeper.keys() == []

@@ -29,5 +29,5 @@ def test_nvml_fields_where_present():
     assert got[("gpumemd_device_remapped_rows_pending", labels)] == 0
     assert got[("gpumemd_device_nvml_memory_used_bytes", labels)] == 9 << 30
     assert not any(name == "gpumemd_device_pcie_link_generation" for name, _ in got)  # None
-    info = [k for k in got if k[0] == "gpumemd_info"][0]
+    info = next(k for k in got if k[0] == "gpumemd_info")
     assert dict(info[1])["version"] == 'x"y\\z\n'             # escaped, then read back

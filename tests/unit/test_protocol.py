@@ -6,9 +6,18 @@ import socket
 
 import pytest
 
-from gpumemctl.protocol import (ERROR_TABLE, GpumemError, ProtocolError, UsageError,
-                                error_from_wire, format_size, framing, normalize, parse_size)
-from gpumemctl.protocol import errors
+from gpumemctl.protocol import (
+    ERROR_TABLE,
+    GpumemError,
+    ProtocolError,
+    UsageError,
+    error_from_wire,
+    errors,
+    format_size,
+    framing,
+    normalize,
+    parse_size,
+)
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -1,12 +1,11 @@
-"""Driving `gpumemctl top` in tests: Pilot against a real daemon (host backend), and a
-frozen source for snapshot tests, whose screens must not change with the clock."""
+"""Driving `gpumemctl top` in tests (helpers the TUI tests import; the fixtures are in
+tests/conftest.py): Pilot against a real daemon (host backend), and a frozen source for
+snapshot tests, whose screens must not change with the clock."""
 from __future__ import annotations
 
 import asyncio
 import copy
 import time
-
-import pytest
 
 from tui import make_app
 from tui.model import Snapshot
