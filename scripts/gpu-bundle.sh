@@ -19,8 +19,11 @@ cd "$(dirname "$0")/.."
 PYTHON=${GPU_PYTHON:-python3}
 
 # What a CUDA image with cuda-python, nvidia-ml-py, numpy and pytest usually lacks.
+# typer and click as pyproject.toml pins them: a GPU image's own newer typer builds a
+# different command tree (typer 0.26+ no longer hands back click's Group).
 WHEELS="pyfuse3 trio outcome sniffio sortedcontainers attrs idna
-        textual markdown-it-py mdurl platformdirs linkify-it-py uc-micro-py reedsolo"
+        textual markdown-it-py mdurl platformdirs linkify-it-py uc-micro-py reedsolo
+        typer<0.26 click shellingham"
 
 rm -rf .gpu
 mkdir -p .gpu/whl .gpu/deb
