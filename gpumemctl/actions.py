@@ -15,6 +15,7 @@ import sys
 from . import output
 from .formats import byte_ranges, plain, telemetry_summary
 from .protocol import GpumemError, UsageError, format_size, parse_size
+from .protocol.defaults import DIR_MODE, FILE_MODE
 from .protocol.errors import OK
 
 
@@ -88,7 +89,7 @@ def _mode_string(e: dict) -> str:
 
 
 def create(name: str, size: str, durable: bool = False, device: str | None = None,
-           mode: str = "0600", ecc: str | None = None, exist_ok: bool = False,
+           mode: str = f"{FILE_MODE:04o}", ecc: str | None = None, exist_ok: bool = False,
            json_: bool = False):
     from .formats import parse_mode
     nbytes, bits = parse_size(size), parse_mode(mode)
@@ -103,7 +104,7 @@ def create(name: str, size: str, durable: bool = False, device: str | None = Non
                     f"{'durable' if info['durable'] else 'transient'}")
 
 
-def mkdir(name: str, parents: bool = False, mode: str = "0755", json_: bool = False):
+def mkdir(name: str, parents: bool = False, mode: str = f"{DIR_MODE:04o}", json_: bool = False):
     from .formats import parse_mode
     with connect() as c:
         info = c.mkdir(name, mode=parse_mode(mode), parents=parents)

@@ -33,6 +33,14 @@ from .protocol import (
     framing,
     parse_size,
 )
+from .protocol.defaults import (
+    CORRUPT_PATTERN,
+    DIR_MODE,
+    EVENTS_LIMIT,
+    FILE_MODE,
+    OPEN_MODE,
+    SCRUB_ACTION,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -193,7 +201,7 @@ class Client:
     def info(self, path: str) -> dict:
         return self.call("info", path=path)
 
-    def create(self, path: str, size: int | str, *, durable: bool = False, mode: int = 0o600,
+    def create(self, path: str, size: int | str, *, durable: bool = False, mode: int = FILE_MODE,
                device: str | int | None = None, ecc: str | None = None,
                exist_ok: bool = False, lease: bool = False) -> dict:
         """`ecc` None: the daemon's default (its configuration's `ecc`, else "rs")."""
@@ -204,7 +212,7 @@ class Client:
             args["ecc"] = ecc
         return self.call("create", **args)
 
-    def mkdir(self, path: str, *, mode: int = 0o755, parents: bool = False) -> dict:
+    def mkdir(self, path: str, *, mode: int = DIR_MODE, parents: bool = False) -> dict:
         return self.call("mkdir", path=path, mode=mode, parents=parents)
 
     def remove(self, path: str, *, recursive: bool = False, force: bool = False) -> list[str]:
@@ -214,7 +222,7 @@ class Client:
         return self.call("durable", path=path, durable=durable)
 
     # ---- data -----------------------------------------------------------------------------
-    def open(self, path: str, mode: str = "r") -> Handle:
+    def open(self, path: str, mode: str = OPEN_MODE) -> Handle:
         result, fds = self.call_fds("open", path=path, mode=mode)
         if len(fds) != 1:
             framing.close_fds(fds)
@@ -270,7 +278,7 @@ class Client:
             return done
 
     # ---- mapping into this process, RDMA ------------------------------------------------
-    def attach(self, path: str, mode: str = "r"):
+    def attach(self, path: str, mode: str = OPEN_MODE):
         """Map an allocation into this process (see gpumemctl.attach); the attachment
         belongs to this connection's session."""
         from .attach import attach
@@ -298,13 +306,14 @@ class Client:
     def devices(self) -> list[dict]:
         return self.call("devices")["devices"]
 
-    def events(self, *, since: int = 0, limit: int = 100, path: str | None = None) -> list[dict]:
+    def events(self, *, since: int = 0, limit: int = EVENTS_LIMIT,
+               path: str | None = None) -> list[dict]:
         args: dict[str, object] = {"since": since, "limit": limit}
         if path:
             args["path"] = path
         return self.call("events", **args)["events"]
 
-    def follow_events(self, *, since: int = 0, limit: int = 100) -> Iterator[dict]:
+    def follow_events(self, *, since: int = 0, limit: int = EVENTS_LIMIT) -> Iterator[dict]:
         """The backlog, then each new event as it commits. Uses up this connection.
         Ends (StopIteration) when this Client is closed, from any thread."""
         self.sock.settimeout(None)
@@ -313,7 +322,7 @@ class Client:
             if "event" in reply:
                 yield reply["event"]
 
-    def subscribe(self, since: int | None = None, limit: int = 100) -> Subscription:
+    def subscribe(self, since: int | None = None, limit: int = EVENTS_LIMIT) -> Subscription:
         """Live changes, for monitors (docs/protocol.md, `subscribe`): an iterator of
         {"type": "event", "event": {...}} (first the backlog: events after `since`, at most
         `limit`; none when `since` is None), then, as they happen,
@@ -372,14 +381,14 @@ class Client:
     def recover(self, path: str, progress: Callable[[dict], None] | None = None) -> dict:
         return self._long_call("recover", progress, path=path)
 
-    def scrub(self, action: str = "status", *, rate: int | None = None) -> dict:
+    def scrub(self, action: str = SCRUB_ACTION, *, rate: int | None = None) -> dict:
         args: dict[str, object] = {"action": action}
         if rate is not None:
             args["rate"] = rate
         return self.call("scrub", **args)
 
     def debug_corrupt(self, path: str, *, offset: int, length: int, parity: bool = False,
-                      pattern: str = "ff") -> dict:
+                      pattern: str = CORRUPT_PATTERN) -> dict:
         return self.call("debug_corrupt", path=path, offset=offset, length=length,
                          parity=parity, pattern=pattern)
 

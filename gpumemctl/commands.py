@@ -23,6 +23,7 @@ import typer
 from . import actions, formats, output
 from .actions import connect, parse_offset, want_json
 from .protocol import GpumemError, InvalidState, UsageError, format_size, parse_size
+from .protocol.defaults import CORRUPT_PATTERN, DIR_MODE, EVENTS_LIMIT, FILE_MODE
 from .protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE, USAGE
 
 PROG = "gpumemctl"
@@ -113,7 +114,8 @@ def create(name: NameArg,
            = False,
            device: Annotated[str | None, typer.Option("--device",
                                                          help="Device index or UUID.")] = None,
-           mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")] = "0600",
+           mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")]
+           = f"{FILE_MODE:04o}",
            ecc: Annotated[str | None, typer.Option(
                "--ecc", help="rs or none (default: the daemon's, rs unless configured).")]
            = None,
@@ -129,7 +131,8 @@ def mkdir(name: Annotated[str, typer.Argument(help="Directory name, e.g. models.
           parents: Annotated[bool, typer.Option(
               "-p", "--parents", help="Create missing parents; no error if it exists.")]
           = False,
-          mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")] = "0755",
+          mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")]
+          = f"{DIR_MODE:04o}",
           json_: JsonOpt = False):
     """Create a directory."""
 
@@ -237,7 +240,7 @@ def events(follow: Annotated[bool, typer.Option("-f", "--follow",
            since: Annotated[int, typer.Option("--since", help="Only events after this id.")]
            = 0,
            limit: Annotated[int, typer.Option("--limit", "-n", help="At most this many.")]
-           = 100,
+           = EVENTS_LIMIT,
            path: Annotated[str | None, typer.Option("--path",
                                                        help="Only this path (and below).")]
            = None,
@@ -503,7 +506,8 @@ def debug_corrupt(name: NameArg,
                       "--parity", help="Change the parity region instead of the data.")]
                   = False,
                   pattern: Annotated[str, typer.Option(
-                      "--pattern", help="Hex bytes written, repeated (default ff).")] = "ff",
+                      "--pattern", help="Hex bytes written, repeated (default ff).")]
+                  = CORRUPT_PATTERN,
                   json_: JsonOpt = False):
     """Overwrite bytes without updating the parity (refused unless gpumemd runs with
     --enable-fault-injection; root or the daemon's user only)."""

@@ -1,10 +1,21 @@
-"""Default paths shared by the daemon and the client (docs/design.md, "Defaults")."""
+"""Defaults shared by the daemon and the client: paths (docs/design.md, "Defaults") and the
+defaults of request arguments (docs/protocol.md). Each is defined here once: the daemon's op
+table (daemon/server/ops.py), the client library and the CLI all take them from here."""
 from __future__ import annotations
 
 import os
 
 PROTOCOL_VERSION = 1
 SOCKET_ENV = "GPUMEMD_SOCKET"
+
+# Request arguments a client may leave out (docs/protocol.md, "Requests and answers").
+FILE_MODE = 0o600           # a new allocation is private unless asked otherwise
+DIR_MODE = 0o755            # a new directory
+OPEN_MODE = "r"             # `open`/`attach`: read-only unless asked for "rw"
+EVENTS_LIMIT = 100          # `events`/`subscribe`: the most events in one answer...
+EVENTS_MAX_LIMIT = 10_000   # ...and the bound a larger `limit` is brought down to
+SCRUB_ACTION = "status"     # `scrub` without an action reports
+CORRUPT_PATTERN = "ff"      # `debug_corrupt`: the hex bytes written over the range
 
 
 def default_socket() -> str:

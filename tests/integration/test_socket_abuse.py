@@ -5,7 +5,7 @@ the daemon is unharmed: the process is alive and a fresh Client can create an al
 write it, read it back and remove it. Where fds are passed, the daemon's own fd table
 (/proc/PID/fd) must not grow: whatever it received it must close.
 
-What the daemon promises (daemon/server.py, gpumemctl/protocol/framing.py): a framing error
+What the daemon promises (daemon/server/, gpumemctl/protocol/framing.py): a framing error
 (bad magic, oversized frame, too many fds, truncated frame, payload that is not a JSON object)
 is answered once with an error frame {id: null, ok: false, error: {code: 2, ...}} and the
 connection is closed; a bad *request* inside a good frame (unknown op, wrong argument types)

@@ -18,7 +18,7 @@ from tests.harness import child_env, script_argv, wait_for
 from tests.users import run_as
 
 MiB = 1 << 20
-COALESCE = 0.05          # daemon/server.py COALESCE_SECONDS
+COALESCE = 0.05          # daemon/server/streams.py COALESCE_SECONDS
 
 
 class Collector:

@@ -9,6 +9,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from gpumemctl.formats import parse_mode
 from gpumemctl.protocol import GpumemError, normalize, parse_size
+from gpumemctl.protocol.defaults import FILE_MODE
 
 
 def validate(name: str, size: str, mode: str, device: str) -> tuple[dict | None, str, str]:
@@ -53,7 +54,7 @@ class CreateScreen(ModalScreen[dict | None]):
                 yield Input(placeholder="64M, 1.5G, 2GB, 4096", id="size")
             with Horizontal(classes="field"):
                 yield Label("mode", classes="field-label")
-                yield Input(value="0600", id="mode")
+                yield Input(value=f"{FILE_MODE:04o}", id="mode")
             with Horizontal(classes="field"):
                 yield Label("device", classes="field-label")
                 yield Input(placeholder="index or UUID (default: the daemon's choice)",

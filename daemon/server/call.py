@@ -1,0 +1,68 @@
+"""What an op handler is given (`Call`) and what it returns (`Reply`), and the rules of what a
+session may see of other users' events and nodes, shared by `events`, `subscribe`, `status`
+and `check`."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from gpumemctl.protocol import PermissionDenied
+
+from ..nodes import Node
+from ..permissions import X, require
+from ..sessions import Session
+
+if TYPE_CHECKING:
+    from ..manager import AllocationManager
+    from .service import Server
+
+Reply = tuple[dict, list[int]]          # the answer's result and the fds that ride with it
+ProgressSend = Callable[[dict], Awaitable[None]]
+
+
+@dataclasses.dataclass
+class Call:
+    """One request on its way through its handler."""
+    server: Server
+    session: Session
+    rid: Any                            # the request's id, echoed in every frame for it
+    args: dict[str, Any]                # checked against the op's schema, defaults filled
+    progress: ProgressSend | None = None    # set when the op sends progress frames
+
+    @property
+    def manager(self) -> AllocationManager:
+        return self.server.manager
+
+
+def privileged(session: Session) -> bool:
+    """Root and the daemon's own user see everything."""
+    return session.cred.is_root or session.cred.uid == os.geteuid()
+
+
+def own_uid_unless_privileged(session: Session) -> int | None:
+    """The uid a query is limited to for this session: None (no limit) for the privileged."""
+    return None if privileged(session) else session.cred.uid
+
+
+def event_visible(session: Session, event: dict) -> bool:
+    """Other users see their own events and daemon-wide ones: paths inside private
+    directories must not leak through the log."""
+    return privileged(session) or event["uid"] == session.cred.uid or event["node"] is None
+
+
+def node_visible(session: Session, node: Node) -> bool:
+    """Whether a `changed` frame may name this node to the session: where it could `info` it
+    (search permission on every directory above it; the privileged see all). A removed node
+    is judged by the directories it was in."""
+    if privileged(session):
+        return True
+    directory = node.parent
+    while directory is not None:
+        try:
+            require(directory, session.cred, X)
+        except PermissionDenied:
+            return False
+        directory = directory.parent
+    return True

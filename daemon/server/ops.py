@@ -1,0 +1,132 @@
+"""The op table: every request gpumemd answers, defined here once.
+
+Each op has its handler, its argument schema (name, type, default or required, bounds) and
+how it answers: once (`handler`), as a stream (`stream`, always or when the bool argument
+`stream_when` is true), or once after progress frames (when the bool argument
+`progress_when` is true). Defaults a client may leave out come from
+gpumemctl/protocol/defaults.py, which the client library and the CLI use too. docs/protocol.md
+documents exactly these ops and arguments (tests/integration/test_op_schema.py holds them
+together).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+
+from gpumemctl.protocol import UsageError
+from gpumemctl.protocol.defaults import (
+    CORRUPT_PATTERN,
+    DIR_MODE,
+    EVENTS_LIMIT,
+    EVENTS_MAX_LIMIT,
+    FILE_MODE,
+    OPEN_MODE,
+    PROTOCOL_VERSION,
+    SCRUB_ACTION,
+)
+
+from . import allocations, status, streams, verify
+from .call import Call, Reply
+from .schema import REQUIRED, Arg, Kind
+from .transport import Connection
+
+Handler = Callable[[Call], Awaitable[Reply]]
+StreamHandler = Callable[[Call, Connection], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    name: str
+    args: tuple[Arg, ...]
+    handler: Handler | None = None          # answers once
+    stream: StreamHandler | None = None     # answers, then pushes frames until hang-up
+    stream_when: str | None = None          # the bool argument that makes it a stream
+    progress_when: str | None = None        # the bool argument that asks for progress frames
+
+    def __post_init__(self) -> None:
+        names = {a.name for a in self.args}
+        for flag in (self.stream_when, self.progress_when):
+            assert flag is None or flag in names, f"{self.name}: no argument {flag!r}"
+        assert self.handler or (self.stream and not self.stream_when), self.name
+
+    def streams(self, args: dict) -> bool:
+        if self.stream is None:
+            return False
+        return self.stream_when is None or args[self.stream_when]
+
+    def wants_progress(self, args: dict) -> bool:
+        return self.progress_when is not None and args[self.progress_when]
+
+
+async def hello_again(call: Call) -> Reply:
+    """`hello` is the handshake (service.py reads it); as a later request it is a mistake."""
+    raise UsageError("'hello' is the first request of a connection, and only that")
+
+
+# ---- arguments that several ops share -------------------------------------------------------
+
+def path(default: object = REQUIRED) -> Arg:
+    """An allocation or directory name. The manager holds it to the name rules
+    (gpumemctl/protocol/names.py: lengths, components), in their own words."""
+    return Arg("path", Kind.STR, default)
+
+
+def flag(name: str) -> Arg:
+    return Arg(name, Kind.BOOL, False)
+
+
+def events_limit() -> Arg:
+    return Arg("limit", Kind.INT, EVENTS_LIMIT, clamp=(1, EVENTS_MAX_LIMIT))
+
+
+OPEN = Arg("mode", Kind.STR, OPEN_MODE, what="'r' or 'rw'")
+HANDLE = Arg("handle", Kind.INT)
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+OPS: dict[str, Op] = {op.name: op for op in (
+    # The handshake (service.py reads these two itself); a later `hello` is an error.
+    Op("hello", (Arg("version", Kind.INT, what=f"the protocol version, {PROTOCOL_VERSION}"),
+                 Arg("client", Kind.STR, "")), hello_again),
+    Op("ls", (path(""), flag("recursive")), allocations.ls),
+    Op("info", (path(),), allocations.info),
+    Op("create", (path(), Arg("size", Kind.INT, what="a size in bytes (an integer)"),
+                  flag("durable"), Arg("mode", Kind.INT, FILE_MODE),
+                  Arg("device", Kind.DEVICE, None),
+                  # None: the daemon's default (config `ecc`); older clients always send one.
+                  Arg("ecc", Kind.STR, None), flag("exist_ok"), flag("lease")),
+       allocations.create),
+    Op("mkdir", (path(), Arg("mode", Kind.INT, DIR_MODE), flag("parents")), allocations.mkdir),
+    Op("rm", (path(), flag("recursive"), flag("force")), allocations.rm),
+    Op("durable", (path(), flag("durable")), allocations.durable),
+    Op("open", (path(), OPEN), allocations.open_),
+    Op("close", (HANDLE, Arg("written", Kind.OBJECT, None)), allocations.close),
+    Op("attach", (path(), OPEN), allocations.attach),
+    Op("detach", (HANDLE,), allocations.detach),
+    Op("seal", (path(),), allocations.seal),
+    Op("export_dmabuf", (path(),), allocations.export_dmabuf),
+    Op("status", (), status.status),
+    Op("devices", (), status.devices),
+    Op("events", (Arg("since", Kind.INT, 0), events_limit(), Arg("path", Kind.STR, None),
+                  flag("follow")),
+       streams.events, stream=streams.follow_events, stream_when="follow"),
+    Op("subscribe", (Arg("since", Kind.INT, None), events_limit()), stream=streams.subscribe),
+    Op("verify", (Arg("paths", Kind.STR_LIST, [], nullable=True), flag("all"), flag("repair"),
+                  flag("progress")), verify.verify, progress_when="progress"),
+    Op("recover", (path(), flag("progress")), verify.recover, progress_when="progress"),
+    Op("check", (flag("repair"),), verify.check),
+    Op("scrub", (Arg("action", Kind.STR, SCRUB_ACTION, choices=("start", "stop", "status")),
+                 Arg("rate", Kind.INT, None, what="bytes per second (an integer)")),
+       verify.scrub),
+    Op("debug_corrupt", (path(), Arg("offset", Kind.INT), Arg("length", Kind.INT),
+                         Arg("pattern", Kind.STR, CORRUPT_PATTERN), flag("parity")),
+       verify.debug_corrupt),
+)}
+
+
+def lookup(name: str) -> Op:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise UsageError(f"unknown request {name!r}") from None

@@ -1,0 +1,141 @@
+"""The socket service: a connection's life (handshake, session, requests in order) and the
+dispatch of one request through the op table.
+
+One trio task per connection. The first frame must be `hello` with our protocol version.
+Each later frame is a request {id, op, args}: its op is looked up in ops.OPS, its args are
+checked against the op's schema, and its handler answers {id, ok: true, result} or
+{id, ok: false, error: {code, name, message, details}}. A framing error is answered once and
+the connection is closed; the daemon itself is unharmed. Every request is authorised by the
+manager from the peer's SO_PEERCRED. See docs/protocol.md.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gpumemctl.protocol import (
+    PROTOCOL_VERSION,
+    GpumemError,
+    InternalError,
+    ProtocolError,
+    UsageError,
+    framing,
+)
+from gpumemctl.protocol.release import VERSION
+
+from ..sessions import Session
+from . import ops, status, streams
+from .call import Call
+from .schema import validate
+from .transport import Connection, listen
+
+if TYPE_CHECKING:
+    from ..manager import AllocationManager
+    from ..scrub import Scrubber
+
+log = logging.getLogger("gpumemd")
+CLIENT_NAME_CHARS = 100     # what of hello's `client` is kept (it names the session in logs)
+
+
+class Server:
+    def __init__(self, manager: AllocationManager, socket_path: str, info: dict, *,
+                 scrubber: Scrubber | None = None):
+        self.manager = manager
+        self.scrubber = scrubber      # daemon/scrub.py (gpumemd may also set it after)
+        self.socket_path = socket_path
+        self.info = info              # daemon facts for hello/status
+        self.started = time.time()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        await listen(self.socket_path, self._connection, task_status=task_status)
+
+    async def _devices(self) -> list[dict]:
+        """The devices with telemetry, as `devices` answers (tests/unit/test_nvml.py)."""
+        return await status.devices_with_telemetry(self.manager)
+
+    # ---- a connection -----------------------------------------------------------------------
+    async def _connection(self, sock: trio.socket.SocketType) -> None:
+        session: Session | None = None
+        conn: Connection | None = None
+        try:
+            conn = Connection(sock)
+            session = await self._handshake(conn)
+            while True:
+                msg, fds = await conn.receive()
+                if not await self._request(conn, session, msg, fds):
+                    break
+        except ProtocolError as exc:
+            log.warning("closing a connection: %s", exc)
+            if conn is not None:
+                await conn.fail_quietly(None, exc)
+        except (EOFError, ConnectionError, trio.BrokenResourceError, OSError):
+            pass
+        except Exception:  # a bug in one connection must not stop the daemon
+            log.exception("internal error on a connection; closing it")
+        finally:
+            if session is not None:
+                self.manager.close_session(session)
+            sock.close()
+
+    async def _handshake(self, conn: Connection) -> Session:
+        msg, fds = await conn.receive()
+        framing.close_fds(fds)
+        args = msg.get("args", {})
+        if msg.get("op") != "hello" or not isinstance(args, dict):
+            raise ProtocolError("the first request must be 'hello' with an object 'args'")
+        version = args.get("version")
+        if type(version) is not int or version != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {version!r} is not supported; this "
+                                f"gpumemd speaks version {PROTOCOL_VERSION}")
+        client = str(args.get("client", ""))[:CLIENT_NAME_CHARS]
+        session = self.manager.open_session(conn.cred, client)
+        await conn.answer(msg.get("id"), {
+            "version": PROTOCOL_VERSION, "daemon": f"gpumemd {VERSION}", "pid": os.getpid(),
+            "backend": self.manager.backend.name, "session": session.id})
+        return session
+
+    # ---- one request ------------------------------------------------------------------------
+    async def _request(self, conn: Connection, session: Session, msg: dict,
+                       fds: list[int]) -> bool:
+        """Answer one request; False when the connection should end (after a stream)."""
+        rid = msg.get("id")
+        framing.close_fds(fds)  # clients never need to send us fds
+        try:
+            if fds:
+                raise UsageError("requests to gpumemd carry no file descriptors")
+            op, call = self._parse(session, msg)
+            if op.streams(call.args):
+                assert op.stream is not None
+                await op.stream(call, conn)
+                return False
+            if op.wants_progress(call.args):
+                call.progress = streams.progress_sender(conn, rid)
+            assert op.handler is not None
+            result, out_fds = await op.handler(call)
+            for watcher in self.manager.watchers:   # the mount learns of it first
+                await watcher.settle()
+        except GpumemError as exc:
+            await conn.fail(rid, exc)
+            return True
+        except Exception as exc:  # a bug: log it, answer it, keep serving
+            log.exception("internal error handling %r", msg.get("op"))
+            await conn.fail(rid, InternalError(f"internal error: {type(exc).__name__}: {exc}"))
+            return True
+        try:
+            await conn.answer(rid, result, out_fds)
+        finally:
+            framing.close_fds(out_fds)
+        return True
+
+    def _parse(self, session: Session, msg: dict[str, Any]) -> tuple[ops.Op, Call]:
+        """The request's op and its arguments checked against the op's schema."""
+        name, args = msg.get("op"), msg.get("args", {})
+        if not isinstance(name, str) or not isinstance(args, dict):
+            raise UsageError("a request needs a string 'op' and an object 'args'")
+        op = ops.lookup(name)
+        return op, Call(self, session, msg.get("id"), validate(op.args, args))

@@ -1,0 +1,83 @@
+"""The handlers of `status` and `devices`: the daemon's facts, the keeper, devices with NVML
+telemetry (docs/telemetry.md), totals, the scrub's progress and quotas."""
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gpumemctl.protocol.release import VERSION
+
+from .. import nvml
+from .call import Call, Reply, own_uid_unless_privileged
+
+if TYPE_CHECKING:
+    from ..scrub import Scrubber
+
+
+async def status(call: Call) -> Reply:
+    server, m = call.server, call.manager
+    return {
+        "daemon": {**server.info, "pid": os.getpid(), "version": VERSION,
+                   "uptime_s": round(time.time() - server.started, 3),
+                   "backend": m.backend.name},
+        "keeper": m.keeper.info(),
+        "devices": await devices_with_telemetry(m),
+        "totals": m.totals(),
+        "scrub": scrub_summary(server.scrubber),
+        # Per-uid limits and use (config [quotas]): all of them for root and the daemon's
+        # user, one's own for anyone else.
+        "quotas": m.quotas.report(own_uid_unless_privileged(call.session)),
+    }, []
+
+
+async def devices(call: Call) -> Reply:
+    return {"devices": await devices_with_telemetry(call.manager)}, []
+
+
+def bytes_held_per_device(manager: Any) -> dict[str, int]:
+    """Device UUID -> the bytes our allocations (memory and parity) hold on it."""
+    ours: dict[str, int] = {}
+    for alloc in manager.allocations():
+        if alloc.buffer is not None:
+            parity = alloc.parity.capacity if alloc.parity is not None else 0
+            ours[alloc.device] = ours.get(alloc.device, 0) + alloc.capacity + parity
+    return ours
+
+
+async def devices_with_telemetry(manager: Any) -> list[dict]:
+    """The backend's devices, the bytes our allocations hold on each, and NVML telemetry.
+    The NVML snapshot is taken on a worker thread: a slow driver never stalls the server.
+    (`manager` is Any: tests/unit/test_nvml.py passes a stand-in with only a backend and
+    allocations().)"""
+    ours = bytes_held_per_device(manager)
+    backend = manager.backend.name
+    listed = [{**d.to_dict(), "backend": backend, "ours": ours.get(d.uuid, 0)}
+              for d in manager.backend.devices()]
+    if backend == "host":          # memfd memory: there is no GPU to ask about
+        return [{**d, **nvml.unavailable_fields("the host backend has no GPU")}
+                for d in listed]
+    # abandon_on_cancel: a driver call that hangs must not hold up the daemon's stop.
+    snap = await trio.to_thread.run_sync(nvml.snapshot, abandon_on_cancel=True)
+    return [{**d, **snap.fields_for(d["uuid"])} for d in listed]
+
+
+def scrub_summary(scrubber: Scrubber | None) -> dict:
+    """`status`'s scrub part: the running scrub's progress, the last result (also while one
+    runs: alerts on it must not flap), and the counters over every scrub."""
+    if scrubber is None:
+        return {"state": "unavailable"}
+    st = scrubber.status()
+    last = st.get("last")
+    common = {"last": None if not last else
+              {k: last[k] for k in ("finished_ns", "stopped", "seconds", "totals")},
+              "lifetime": scrubber.lifetime(),
+              "default_rate": scrubber.default_rate}
+    if st.get("running"):
+        return {"state": "running", "progress": st["progress"], "totals": st["totals"],
+                "eta_seconds": st["eta_seconds"], "to_scrub": st["to_scrub"],
+                "rate_now": st["rate_now"], "rate_limit": st.get("rate"),
+                "started_ns": st["started_ns"], **common}
+    return {"state": "idle", **common}

@@ -1,0 +1,152 @@
+"""The handlers of the integrity ops: verify, recover, scrub, check and debug_corrupt, and the
+progress frames of verify and recover (docs/ecc.md, docs/protocol.md)."""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+import trio
+
+from gpumemctl.protocol import InternalError, PermissionDenied, UsageError
+from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
+
+from ..check import Checker
+from ..ecc.layout import BLOCK
+from ..nodes import Allocation
+from .call import Call, ProgressSend, Reply, privileged
+
+PROGRESS_SECONDS = 0.1      # at most one progress frame per this (plus the first)
+
+
+async def verify(call: Call) -> Reply:
+    """Verify (with `repair`, repair) the named allocations or all: synchronous for the
+    client, piece by piece for the daemon (the event loop runs between pieces)."""
+    a = call.args
+    targets = call.manager.ecc_targets(a["paths"], call.session.cred, a["all"])
+    results = await verify_all(call, targets, a["repair"])
+    return {"allocations": results, "summary": ecc_summary(results)}, []
+
+
+async def recover(call: Call) -> Reply:
+    alloc = call.manager.lookup_allocation(call.args["path"], call.session.cred)
+    [result] = await verify_all(call, [alloc], True)
+    return {"allocation": result, "info": call.manager.info(alloc.path, call.session.cred)}, []
+
+
+async def verify_all(call: Call, targets: list[Allocation], repair: bool) -> list[dict]:
+    steps = call.manager.verify_steps
+    if call.progress is None:
+        return [await drive(steps(t, repair)) for t in targets]
+    meter = EccProgress(targets, call.progress)
+    await meter.report(force=True)
+    results = []
+    for i, target in enumerate(targets):
+        meter.begin(i)
+        results.append(await drive(steps(target, repair), meter.piece))
+        meter.end()
+    return results
+
+
+async def drive(steps: Generator[Any, None, Any],
+                on_piece: Callable[[Any], Awaitable[None]] | None = None) -> Any:
+    """Run a manager generator to its end, letting the loop run between its pieces
+    (`on_piece(value)`, awaited, does that when given: it always checkpoints)."""
+    while True:
+        try:
+            value = next(steps)
+        except StopIteration as done:
+            return done.value
+        if on_piece is None:
+            await trio.sleep(0)
+        else:
+            await on_piece(value)
+
+
+async def scrub(call: Call) -> Reply:
+    """action: start (with an optional rate in bytes/s), stop, status."""
+    scrubber = call.server.scrubber
+    if scrubber is None:
+        raise InternalError("this gpumemd has no scrubber")
+    action = call.args["action"]
+    if action == "start":
+        return scrubber.start(call.args["rate"]), []
+    if action == "stop":
+        return scrubber.stop(), []
+    return scrubber.status(), []
+
+
+async def check(call: Call) -> Reply:
+    repair = call.args["repair"]
+    if repair and not privileged(call.session):
+        raise PermissionDenied("permission denied: only root or the daemon's user may repair")
+    return Checker(call.manager).run(repair=repair), []
+
+
+async def debug_corrupt(call: Call) -> Reply:
+    a = call.args
+    try:
+        pattern = bytes.fromhex(a["pattern"])
+    except ValueError:
+        raise UsageError(f"invalid pattern {a['pattern']!r}: expected hex bytes, "
+                         "e.g. ff or deadbeef") from None
+    return call.manager.corrupt(a["path"], call.session.cred, a["offset"], a["length"],
+                                pattern, a["parity"]), []
+
+
+class EccProgress:
+    """The progress frames of one verify or recover: one at the start, then at most one
+    per PROGRESS_SECONDS. `total_bytes` is the protected bytes (the size of each allocation
+    with ECC and memory) of all targets at the start; `done_bytes` never decreases and
+    never passes it, whatever the allocations do meanwhile (grow, shrink, go away)."""
+
+    def __init__(self, targets: list[Allocation], send: ProgressSend):
+        self.targets, self.send = targets, send
+        self.sizes = [self.protected_bytes(t) for t in targets]
+        self.total = sum(self.sizes)
+        self.index = 0              # the allocation being verified
+        self.base = 0               # protected bytes of the allocations finished
+        self.current = 0            # bytes of the current one checked so far
+        self.last = -float("inf")
+
+    @staticmethod
+    def protected_bytes(alloc: Allocation) -> int:
+        if alloc.ecc != "rs" or alloc.state not in ("ready", "degraded"):
+            return 0
+        return alloc.size or 0
+
+    def begin(self, index: int) -> None:
+        self.index, self.current = index, 0
+
+    def end(self) -> None:
+        self.base += self.sizes[self.index]
+        self.index, self.current = self.index + 1, 0
+
+    async def piece(self, block: int) -> None:
+        self.current = min(block * BLOCK, self.sizes[self.index])
+        await self.report()
+
+    async def report(self, force: bool = False) -> None:
+        now = trio.current_time()
+        if not force and now - self.last < PROGRESS_SECONDS:
+            await trio.sleep(0)
+            return
+        self.last = now
+        i = min(self.index, len(self.targets) - 1)
+        await self.send({
+            "path": self.targets[i].path if self.targets else None,
+            "done_bytes": self.base + self.current, "total_bytes": self.total,
+            "allocations_done": self.index, "allocations": len(self.targets)})
+
+
+def ecc_summary(results: list[dict]) -> dict:
+    """Totals over allocations, and the exit code they mean (docs/ecc.md): 0 clean, 1
+    damage found and all of it repaired, 8 damage left (uncorrectable, or found without
+    --repair)."""
+    keys = ("blocks", "clean", "corrected", "uncorrectable", "skipped", "symbols", "bytes")
+    total = {k: sum(r.get(k, 0) for r in results) for k in keys}
+    total["unrepaired"] = sum(len(r.get("damaged", [])) for r in results)
+    total["allocations"] = len(results)
+    left = total["uncorrectable"] + total["unrepaired"] + \
+        sum(len(r.get("damaged_ranges", [])) for r in results)
+    total["exit"] = UNCORRECTABLE if left else (REPAIRED if total["corrected"] else OK)
+    return total
