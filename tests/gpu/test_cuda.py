@@ -299,7 +299,7 @@ def test_read_only_attach_cannot_change_the_data(gpu_daemon, gpu_arrays):
             try:
                 with cudadrv.context(a.device):
                     cudadrv.memcpy_htod(a.ptr, b"CHANGED!" * 8, 64)
-                    cudadrv._cu("cuCtxSynchronize")
+                    cudadrv.ctx_synchronize()
                 print(json.dumps({"raised": None}))
             except Exception as exc:
                 print(json.dumps({"raised": type(exc).__name__, "message": str(exc)[:300]}))

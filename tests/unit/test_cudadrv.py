@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from gpumemctl import cudadrv, dlpack
+from gpumemctl.cudadrv import driver as cudadrv_driver
 
 driver = pytest.importorskip("cuda.bindings.driver")
 
@@ -23,8 +24,8 @@ def fake_driver(monkeypatch):
     fake = types.SimpleNamespace(CUresult=driver.CUresult,
                                  cuGetErrorString=lambda e: (driver.CUresult(0),
                                                              b"out of memory"))
-    monkeypatch.setattr(cudadrv, "_drv", fake)
-    monkeypatch.setattr(cudadrv, "_initialized", True)
+    monkeypatch.setattr(cudadrv_driver, "_drv", fake)
+    monkeypatch.setattr(cudadrv_driver, "_initialized", True)
     return fake
 
 
@@ -36,15 +37,15 @@ def test_results_are_unpacked(fake_driver):
     fake_driver.cuNothing = ok()
     fake_driver.cuOne = ok(7)
     fake_driver.cuTwo = ok(1, 2)
-    assert cudadrv._cu("cuNothing") is None
-    assert cudadrv._cu("cuOne") == 7
-    assert cudadrv._cu("cuTwo") == (1, 2)
+    assert cudadrv_driver._cu("cuNothing") is None
+    assert cudadrv_driver._cu("cuOne") == 7
+    assert cudadrv_driver._cu("cuTwo") == (1, 2)
 
 
 def test_a_failed_call_raises_its_own_typed_exception(fake_driver):
     fake_driver.cuMemCreate = lambda *a: (driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
     with pytest.raises(cudadrv.CudaOutOfMemory) as exc:
-        cudadrv._cu("cuMemCreate", 1 << 40)
+        cudadrv_driver._cu("cuMemCreate", 1 << 40)
     err = exc.value
     assert (err.result, err.name, err.call) == (2, "CUDA_ERROR_OUT_OF_MEMORY", "cuMemCreate")
     assert str(err) == "cuMemCreate failed with CUDA_ERROR_OUT_OF_MEMORY (2): out of memory"
@@ -54,7 +55,7 @@ def test_a_failed_call_raises_its_own_typed_exception(fake_driver):
 def test_classes_for_other_results_are_made_once_and_named_for_them(fake_driver):
     fake_driver.cuLaunch = lambda *a: (driver.CUresult.CUDA_ERROR_LAUNCH_FAILED,)
     with pytest.raises(cudadrv.CudaError) as exc:
-        cudadrv._cu("cuLaunch")
+        cudadrv_driver._cu("cuLaunch")
     cls = type(exc.value)
     assert cls.__name__ == "CudaLaunchFailed" and cls.name == "CUDA_ERROR_LAUNCH_FAILED"
     assert cudadrv.error_class("CUDA_ERROR_LAUNCH_FAILED") is cls
@@ -68,7 +69,7 @@ def test_a_driver_that_cannot_load_is_cuda_unavailable(fake_driver):
                            "system search")
     fake_driver.cuInit = missing
     with pytest.raises(cudadrv.CudaUnavailable, match="cuInit: the CUDA driver cannot be used"):
-        cudadrv._raw("cuInit", 0)
+        cudadrv_driver._raw("cuInit", 0)
 
 
 def test_uuid_is_formatted_like_nvidia_smi(fake_driver):
