@@ -11,7 +11,6 @@ Rows (TB/s are 10^12 bytes of *data* per second; parity and checksums come on to
   read scan     a kernel that only reads the same buffer (16-byte loads, XOR): the yardstick.
   encode        parity + checksums of every block (writes n*8 KiB + n*8 bytes).
   verify        parity recomputed and compared, checksums compared: one status byte per block.
-  verify_refresh on clean data (nothing rewritten).
   repair        on clean data (= a verify), then with a 4096-byte burst in 1 of every 64 blocks
                 (each repair call re-damages the same bytes first; only the call is timed).
   CPU codec     encode and verify of --cpu-size MiB of random data in this process (numpy).
@@ -154,8 +153,6 @@ def measure(cp, codec, data, ptrs, args) -> dict:
     if codec.verify(*ptrs).any():
         raise RuntimeError("verify reports damage right after encode")
     out["verify_tbps"] = tbps(size, med(timed(lambda: codec.verify(*ptrs), reps)))
-    say("verify_refresh (clean)")
-    out["refresh_tbps"] = tbps(size, med(timed(lambda: codec.verify_refresh(*ptrs), reps)))
     say("repair (clean)")
     out["repair_clean_tbps"] = tbps(size, med(timed(lambda: codec.repair(*ptrs), reps)))
 
@@ -223,7 +220,6 @@ def rows_from(fig: dict) -> list[dict]:
          "of_read": "100%", "target": "yardstick", "ok": ""},
         row(f"encode {size}", g["encode_tbps"], TARGETS["encode"]),
         row(f"verify {size}", g["verify_tbps"], TARGETS["verify"]),
-        row(f"verify_refresh {size} (clean)", g["refresh_tbps"]),
         row(f"repair {size} (clean: one verify)", g["repair_clean_tbps"]),
         row(f"repair {size} ({g['repair_damaged_blocks']} blocks with a 4 KiB burst)",
             g["repair_damaged_tbps"]),

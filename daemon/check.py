@@ -84,7 +84,7 @@ class Checker:
 
     def check_backend_memory(self) -> None:
         for alloc in self.m.allocations():
-            has_memory = alloc.state in ("ready", "degraded", "recovering")
+            has_memory = alloc.state in ("ready", "degraded")
             if has_memory and alloc.buffer is None:
                 self._problem("backend_memory", f"'{alloc.path}' is {alloc.state} but holds "
                               "no memory")

@@ -41,8 +41,8 @@ def describe(node: Node, *, holders: bool = False) -> dict:
     info = {
         "type": "allocation", **common, "size": node.size, "capacity": node.capacity,
         "device": node.device, "durable": node.durable, "state": node.state,
-        "ecc": node.ecc, "parity_generation": node.parity_gen, "checksum": node.checksum,
-        "refcount": node.refcount, "leased": node.leased, "unsealed": node.unsealed,
+        "ecc": node.ecc, "refcount": node.refcount, "leased": node.leased,
+        "unsealed": node.unsealed,
         "damaged": damaged_ranges(node),
         "verified": iso(node.verified_ns) if node.verified_ns else None,
     }

@@ -18,7 +18,6 @@ from gpumemctl.protocol import framing
 
 from . import systemd
 
-
 # A keeper answers a call in well under a millisecond. One that takes seconds is stopped
 # (SIGSTOP, a debugger) or starved; the daemon's event loop must not wait on it for long,
 # since every client waits with it. Start-up (spawn, fetch of every fd) may take longer.
@@ -127,7 +126,7 @@ class ProcessKeeper:
             env.pop(var, None)
         return env
 
-    def _call(self, op: str, fds: list[int] = (), **args) -> dict:
+    def _call(self, op: str, fds: list[int] | None = None, **args) -> dict:
         if self.stalled_since is not None:
             waited = time.monotonic() - self.stalled_since
             raise KeeperStalled(f"the keeper (pid {self.pid}) has not answered for "
@@ -139,7 +138,7 @@ class ProcessKeeper:
                 raise KeeperGone(f"not connected to the keeper: {exc}") from None
         self._next_id += 1
         try:
-            framing.send_frame(self.sock, {"id": self._next_id, "op": op, **args}, fds)
+            framing.send_frame(self.sock, {"id": self._next_id, "op": op, **args}, fds or [])
             reply, extra = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
         except TimeoutError:
             self.close()

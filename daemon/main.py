@@ -27,10 +27,10 @@ from .backends import BackendUnavailable, choose_backend
 from .keeper_link import KeeperGone, open_keeper
 from .manager import AllocationManager
 from .mount import Mount, MountError
-from .quotas import Quotas
-from .scrub import Scrubber
 from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
+from .quotas import Quotas
 from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
+from .scrub import Scrubber
 from .server import VERSION, Server
 
 log = logging.getLogger("gpumemd")
@@ -104,7 +104,8 @@ def lock_state_dir(state_dir: str) -> int:
     except OSError as exc:
         os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise StartupError(f"another gpumemd is running with state directory {state_dir}")
+            raise StartupError(f"another gpumemd is running with state directory {state_dir}"
+                               ) from None
         raise
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
@@ -201,32 +202,56 @@ async def checkpoint_registry(manager: AllocationManager) -> None:
 
 class GroupCommit:
     """Commits the registry's batch of transient changes GROUP_COMMIT_SECONDS after the
-    first of them (Registry.transaction explains group commit)."""
+    first of them (Registry.transaction explains group commit).
 
-    def __init__(self, registry: Registry):
-        self.registry = registry
+    Those changes were answered before their commit. When the commit fails (a full state
+    disk: SQLite then rolls the batch back), memory stays the truth, as it is for transient
+    allocations anyway: once the registry can be written again, its rows are rewritten from
+    the tree (check's repairs), so `gpumemctl check` is clean again without a restart."""
+
+    def __init__(self, manager: AllocationManager):
+        self.manager = manager
+        self.registry = manager.registry
         self.wake = trio.Event()
-        registry.group_commit = True
-        registry.on_batch = lambda: self.wake.set()
+        self.stale = False          # a batch was lost: rows must be rewritten from memory
+        self.registry.group_commit = True
+        self.registry.on_batch = lambda: self.wake.set()
 
     async def run(self) -> None:
         while True:
-            await self.wake.wait()
+            if not self.stale:
+                await self.wake.wait()
             self.wake = trio.Event()
             await trio.sleep(GROUP_COMMIT_SECONDS)
             try:
                 self.registry.flush()
-            except Exception as exc:  # noqa: BLE001 - the batch stays open; retried next time
-                log.warning("registry commit failed: %s", exc)
-                self.wake.set()
+                if self.registry.batch_lost:        # lost with another change's commit
+                    self.registry.batch_lost, self.stale = False, True
+                    log.warning("a registry commit failed; the registry is rewritten from "
+                                "memory once it can be written")
+                if self.stale:
+                    self._resync()
+            except Exception as exc:  # noqa: BLE001 - retried each second until it works
+                self.registry.batch_lost = False
+                if not self.stale:
+                    log.warning("registry commit failed: %s; the registry is rewritten from "
+                                "memory once it can be written", exc)
+                self.stale = True
                 await trio.sleep(1)
+
+    def _resync(self) -> None:
+        from .check import Checker
+        report = Checker(self.manager).run(repair=True)
+        self.stale = False
+        log.warning("the registry can be written again; %d difference(s) with memory "
+                    "repaired", len(report["problems"]))
 
 
 async def run_daemon(manager: AllocationManager, server: Server,
                      mount: Mount | None = None) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(GroupCommit(manager.registry).run)
+            nursery.start_soon(GroupCommit(manager).run)
             if server.scrubber is not None:
                 nursery.start_soon(server.scrubber.run)
             await nursery.start(server.serve)

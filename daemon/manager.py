@@ -23,12 +23,14 @@ import itertools
 import json
 import logging
 import os
+import sqlite3
 import time
 from typing import Callable
 
+from gpumemctl.protocol.defaults import DIR_MODE, FILE_MODE
 from gpumemctl.protocol import (Busy, Exists, InternalError, InvalidState, NoMemory,
                                 NotFound, PermissionDenied, Uncorrectable, UsageError,
-                                check_component, format_size, round_up, split_path)
+                                check_component, round_up, split_path)
 
 from .backends import Backend
 from .describe import damaged_ranges, describe
@@ -46,8 +48,6 @@ from .sessions import Session
 
 log = logging.getLogger("gpumemd")
 
-DEFAULT_FILE_MODE = 0o600   # allocations are private unless asked otherwise
-DEFAULT_DIR_MODE = 0o755
 ECC_MODES = ("rs", "none")
 # Holders that take part in "one writer or many readers": handles opened for I/O, and clients
 # that mapped the memory (attach). Leases do not lock.
@@ -103,10 +103,10 @@ class AllocationManager:
         self._holder_ids = itertools.count(1)
         self._pending_events: list[dict] = []
         self._pending_nodes: list[Node] = []   # nodes of those events, for _node_changed
-        self._txn_nodes: list[Node] = []     # nodes inserted by the open transaction
-        self._last_insert_id = 0
+        # The undo log of the open transaction: how to take back each in-memory change it
+        # made, run newest first when any statement or the commit fails (_change).
+        self._undo_log: list[Callable[[], None]] = []
         self.sessions: dict[int, Session] = {}
-        self.started_ns = time.time_ns()
         self._dirty: set[int] = set()        # ids whose size/times await flush_times()
         # Callbacks told about changes the kernel may have cached (daemon/fs.py invalidates
         # its dentries and attributes): watcher.entry_changed(parent_id, name) and
@@ -283,8 +283,7 @@ class AllocationManager:
                           device=row["device"], durable=bool(row["durable"]),
                           unsealed=row["unsealed"] == UNSEALED,
                           writing=row["unsealed"] == WRITING,
-                          state=row["state"], ecc=row["ecc"], parity_gen=row["parity_gen"],
-                          checksum=row["checksum"], verified_ns=row["verified_ns"])
+                          state=row["state"], ecc=row["ecc"], verified_ns=row["verified_ns"])
 
     def _adopt(self, alloc: Allocation, fds: list[int] | None,
                staged: list[int] | None = None) -> bool:
@@ -311,7 +310,7 @@ class AllocationManager:
                 self._deposit(alloc)
                 with contextlib.suppress(KeeperGone):
                     self.keeper.withdraw(key)
-            if alloc.state in ("lost", "recovering", "pending"):
+            if alloc.state in ("lost", "pending"):
                 alloc.state = "ready"
                 self.registry.update_node(alloc.id, state="ready")
             self._event("adopt", alloc, None, capacity=alloc.capacity)
@@ -397,7 +396,7 @@ class AllocationManager:
         alloc = self._insert_node(
             Allocation, directory, entry_name(key), DAEMON, 0o600, size=capacity,
             capacity=capacity, device=dev.uuid, durable=True, state="ready",
-            ecc="rs" if len(fds) > 1 else "none", parity_gen=0, buffer=buf)
+            ecc="rs" if len(fds) > 1 else "none", buffer=buf)
         self._deposit(alloc)
         self._event("adopt", alloc, None, capacity=capacity, key=key, recovered=True)
         log.warning("re-registered the memory the keeper held under key %d as '%s'", key,
@@ -447,17 +446,20 @@ class AllocationManager:
         so it may wait for the registry's group commit (Registry.transaction)."""
         outer = not self.registry._in_txn
         if outer:
-            self._txn_nodes = []
+            self._undo_log = []
         try:
             with self.registry.transaction(durable=durable, batch=batch):
                 yield
-        except BaseException:
+        except BaseException as exc:
             if outer:
                 self._pending_events.clear()
                 self._pending_nodes.clear()
-                self._undo_inserts()
+                self._roll_back_memory()
+                if isinstance(exc, sqlite3.Error):
+                    raise self._registry_failed(exc) from exc
             raise
         if outer:
+            self._undo_log = []
             events, self._pending_events = self._pending_events, []
             nodes, self._pending_nodes = self._pending_nodes, []
             for event in events:
@@ -465,13 +467,42 @@ class AllocationManager:
             for node in nodes:          # after the events: a monitor reads them first
                 self._notify_changed(node)
 
-    def _undo_inserts(self) -> None:
-        """The registry rolled back: take the nodes this transaction added out of the tree."""
-        for node in reversed(self._txn_nodes):
-            if node.parent is not None and node.parent.children.get(node.name) is node:
-                node.parent.remove_child(node.name)
-            self.nodes.pop(node.id, None)
-        self._txn_nodes = []
+    def _registry_failed(self, exc: sqlite3.Error) -> InternalError:
+        """A registry statement or its commit failed (a full state disk, an I/O error): the
+        change was rolled back whole, and the client hears so in one line. Service goes on
+        by itself once the registry can be written again."""
+        where = os.path.dirname(self.registry.path) or "."
+        full = "full" in str(exc)
+        log.warning("a change was rolled back: the registry could not be written: %s", exc)
+        return InternalError(
+            f"the registry could not record the change ({exc}); nothing was changed"
+            + (f": free space in {where}" if full else ""),
+            details={"errno": "ENOSPC" if full else "EIO"})
+
+    def _roll_back_memory(self) -> None:
+        """The registry rolled back: take back every in-memory change of the transaction
+        (tree, node fields, the keeper's deposits), newest first, so that memory, tree,
+        registry and keeper agree again. One failing step does not stop the others."""
+        undo, self._undo_log = self._undo_log, []
+        for step in reversed(undo):
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - logged; the remaining steps still run
+                log.exception("rolling back an in-memory change failed")
+
+    def _on_rollback(self, step: Callable[[], None]) -> None:
+        """Register how to take back an in-memory change made inside a transaction."""
+        if self.registry._in_txn:
+            self._undo_log.append(step)
+
+    def _keep(self, obj: object, *attrs: str) -> None:
+        """Before changing these attributes inside a transaction: restore them on rollback."""
+        saved = [(attr, getattr(obj, attr)) for attr in attrs]
+
+        def restore() -> None:
+            for attr, value in saved:
+                setattr(obj, attr, value)
+        self._on_rollback(restore)
 
     def _event(self, kind: str, node: Node | None, cred: Credentials | None, /,
                **detail) -> None:
@@ -617,11 +648,9 @@ class AllocationManager:
         db_fields = {k: v for k, v in alloc_fields.items()
                      if k not in ("buffer", "leased")}
         node_id = self.registry.insert_node(**row, **db_fields)
-        self._last_insert_id = node_id
         node = cls(id=node_id, name=name, parent=parent, uid=cred.uid, gid=gid, mode=mode,
                    created_ns=now, modified_ns=now, changed_ns=now, **alloc_fields)
         self._link(parent, node, now)
-        self._txn_nodes.append(node)
         return node
 
     def _check_not_reserved(self, parent: Directory, name: str) -> None:
@@ -630,8 +659,15 @@ class AllocationManager:
                              "allocation details there)", details={"errno": "EPERM"})
 
     def _link(self, parent: Directory, node: Node, now: int) -> None:
+        self._keep(parent, "modified_ns", "changed_ns")
         self.nodes[node.id] = node
         parent.add_child(node)
+
+        def unlink() -> None:
+            if parent.children.get(node.name) is node:
+                parent.remove_child(node.name)
+            self.nodes.pop(node.id, None)
+        self._on_rollback(unlink)
         parent.modified_ns = parent.changed_ns = now
         self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
         self._node_changed(parent)
@@ -639,8 +675,12 @@ class AllocationManager:
     def _unlink(self, node: Node) -> None:
         now = time.time_ns()
         parent = node.parent
+        if self.nodes.get(node.id) is node:
+            self._on_rollback(lambda: self.nodes.__setitem__(node.id, node))
         if parent is not None and parent.children.get(node.name) is node:
+            self._keep(parent, "modified_ns", "changed_ns")
             parent.remove_child(node.name)
+            self._on_rollback(lambda: parent.add_child(node))
             parent.modified_ns = parent.changed_ns = now
             self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
             self._entry_changed(parent, node.name)
@@ -660,7 +700,7 @@ class AllocationManager:
         self.registry.delete_node(node.id)
         self._unlink(node)
 
-    def mkdir(self, path: str, cred: Credentials, *, mode: int = DEFAULT_DIR_MODE,
+    def mkdir(self, path: str, cred: Credentials, *, mode: int = DIR_MODE,
               parents: bool = False, exist_ok: bool = False) -> dict:
         check_mode(mode)
         parts = split_path(path)
@@ -675,7 +715,7 @@ class AllocationManager:
         return describe(node)
 
     def create(self, path: str, cred: Credentials, *, size: int, durable: bool = False,
-               mode: int = DEFAULT_FILE_MODE, device: str | None = None,
+               mode: int = FILE_MODE, device: str | None = None,
                ecc: str | None = None, exist_ok: bool = False,
                session: Session | None = None, lease: bool = False) -> dict:
         """Allocate. Missing parent directories are created (mode 0755), like `mkdir -p`.
@@ -706,20 +746,17 @@ class AllocationManager:
         alloc = None
         try:
             with self._change(durable=durable, batch=not durable and not missing):
-                directory = self._insert_dirs(parent, missing, cred, DEFAULT_DIR_MODE)
+                directory = self._insert_dirs(parent, missing, cred, DIR_MODE)
                 alloc = self._insert_node(
                     Allocation, directory, parts[-1], cred, mode, size=size,
                     capacity=capacity, device=dev.uuid, durable=durable, state="ready",
-                    ecc=ecc, parity_gen=0, buffer=buf, leased=lease)
+                    ecc=ecc, buffer=buf, leased=lease)
                 self.parity.ensure(alloc, fresh=True)
                 if durable:
                     self._deposit(alloc)
                 self._event("create", alloc, cred, size=size, capacity=capacity,
                             device=dev.uuid, durable=durable, lease=lease)
-        except BaseException:
-            if durable:   # deposited but not committed: take it back from the keeper
-                with contextlib.suppress(KeeperGone, InternalError):
-                    self.keeper.withdraw(self._last_insert_id)
+        except BaseException:     # the undo log took back the tree and any deposit
             self.backend.free(buf)
             if alloc is not None:
                 self.parity.free(alloc)
@@ -750,6 +787,7 @@ class AllocationManager:
             self.keeper.deposit(alloc.id, fds, {"capacity": alloc.capacity,
                                                 "device": alloc.device,
                                                 "registry": self.registry.instance})
+            self._on_rollback(lambda: self._withdraw_quietly(alloc.id))
         except KeeperStalled as exc:         # busy, not broken: it works again once it answers
             raise Busy(f"cannot make '{alloc.path}' durable now: {exc}") from None
         except KeeperGone as exc:
@@ -757,6 +795,12 @@ class AllocationManager:
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _withdraw_quietly(self, key: int) -> None:
+        """Take a deposit back that a rolled-back transaction made; a keeper that cannot be
+        reached is reconciled later (reconcile_keeper, redeposit_all, or the next start)."""
+        with contextlib.suppress(KeeperGone):
+            self.keeper.withdraw(key)
 
     def remove(self, path: str, cred: Credentials, *, recursive: bool = False,
                force: bool = False) -> list[str]:
@@ -839,16 +883,13 @@ class AllocationManager:
         if alloc.durable == durable:
             return describe(alloc, holders=True)
         with self._change(durable=True):
+            self._keep(alloc, "durable", "changed_ns")
             alloc.durable = durable
             alloc.changed_ns = time.time_ns()
             self.registry.update_node(alloc.id, durable=int(durable),
                                       changed_ns=alloc.changed_ns)
             if durable and alloc.buffer is not None:
-                try:
-                    self._deposit(alloc)
-                except BaseException:
-                    alloc.durable = False
-                    raise
+                self._deposit(alloc)
             self._event("durable" if durable else "transient", alloc, cred)
         if durable:
             alloc.leased = False       # the durable pin replaces any lease
@@ -890,7 +931,7 @@ class AllocationManager:
         return child
 
     def mkdir_child(self, parent_id: int, name: str, cred: Credentials,
-                    mode: int = DEFAULT_DIR_MODE) -> Directory:
+                    mode: int = DIR_MODE) -> Directory:
         parent = self._parent_for_entry(parent_id, name, cred, mode)
         with self._change(durable=False):
             return self._insert_dirs(parent, [name], cred, mode)
@@ -908,7 +949,7 @@ class AllocationManager:
         return parent
 
     def create_pending(self, parent_id: int, name: str, cred: Credentials,
-                       mode: int = DEFAULT_FILE_MODE) -> Allocation:
+                       mode: int = FILE_MODE) -> Allocation:
         """An allocation without memory, as `touch` in the mount makes: state 'pending',
         size 0 (so st_size is 0; the registry's size column is 0, not NULL, for these),
         capacity, device and buffer None. It is transient; resize() gives it memory."""
@@ -916,7 +957,7 @@ class AllocationManager:
         with self._change(durable=False, batch=True):
             alloc = self._insert_node(Allocation, parent, name, cred, mode, size=0,
                                       capacity=None, device=None, durable=False,
-                                      state="pending", ecc=self.default_ecc, parity_gen=0)
+                                      state="pending", ecc=self.default_ecc)
             self._event("create", alloc, cred, size=0, state="pending")
         return alloc
 
@@ -1253,7 +1294,17 @@ class AllocationManager:
             now = time.time_ns()
             self.registry.update_node(node.id, parent=dst_dir.id, name=dst_name,
                                       changed_ns=now)
+            self._keep(node, "parent", "name", "changed_ns")
+            for directory in {src_dir, dst_dir}:
+                self._keep(directory, "modified_ns", "changed_ns")
             src_dir.remove_child(src_name)
+
+            def move_back() -> None:
+                if dst_dir.children.get(dst_name) is node:
+                    dst_dir.remove_child(dst_name)
+                node.name = src_name
+                src_dir.add_child(node)
+            self._on_rollback(move_back)
             self._entry_changed(src_dir, src_name)
             if target is None:
                 self._entry_changed(dst_dir, dst_name)   # a cached negative entry, if any
@@ -1393,6 +1444,7 @@ class AllocationManager:
         with self._change(durable=self._has_durable(node),
                           batch=isinstance(node, Allocation) and not node.durable):
             self.registry.update_node(node.id, **changes)
+            self._keep(node, *changes)
             for key, value in changes.items():
                 setattr(node, key, value)
             self._event("setattr", node, actor, **{k: (f"{v:04o}" if k == "mode" else v)
@@ -1851,9 +1903,6 @@ class AllocationManager:
             "sessions": len(self.sessions),
             "holders": sum(len(a.holders) for a in allocs),
         }
-
-    def describe_size(self, n: int) -> str:
-        return format_size(n)
 
 
 __all__ = ["AllocationManager", "check_component"]

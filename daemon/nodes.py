@@ -10,8 +10,6 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import Any
 
-STATES = ("pending", "ready", "degraded", "lost", "recovering")
-
 
 @dataclasses.dataclass(eq=False)
 class Holder:
@@ -58,10 +56,6 @@ class Node:
         return "/".join(reversed(parts))
 
     @property
-    def is_dir(self) -> bool:
-        return isinstance(self, Directory)
-
-    @property
     def st_mode(self) -> int:
         """The file type and the permission bits, as stat(2) reports them."""
         raise NotImplementedError(f"{type(self).__name__} has no file type")
@@ -93,10 +87,8 @@ class Allocation(Node):
     capacity: int | None = None
     device: str | None = None        # device UUID
     durable: bool = False
-    state: str = "pending"
+    state: str = "pending"           # 'pending' | 'ready' | 'degraded' | 'lost' (design.md)
     ecc: str = "rs"
-    parity_gen: int = 0
-    checksum: str | None = None
     buffer: Any = None               # the backend's buffer; None while pending or lost
     parity: Any = None               # ECC parity region (daemon/parity.py); None: no ECC
     damaged: set = dataclasses.field(default_factory=set)  # blocks beyond repair (EIO)

@@ -28,8 +28,9 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
@@ -57,7 +58,10 @@ class RegistryUnusable(RuntimeError):
 
 
 def create_tables(db: sqlite3.Connection) -> None:
-    """Schema version 1. Every column's meaning and sentinels are stated here."""
+    """The current schema (version SCHEMA_VERSION), made in one go for a new registry.
+    Every column's meaning and sentinels are stated here. An older registry reaches the same
+    schema through MIGRATIONS (tests/unit/test_registry_schema.py compares the two); a
+    change to the schema goes here and into a new migration."""
     execute_script(db, """
     CREATE TABLE meta (
         key   TEXT PRIMARY KEY,  -- 'created_ns', 'instance' (a random id of this registry)
@@ -76,17 +80,28 @@ def create_tables(db: sqlite3.Connection) -> None:
         created_ns  INTEGER NOT NULL,  -- wall clock, ns since the epoch
         modified_ns INTEGER NOT NULL,  -- last change of the data (or of the entries, for dirs)
         changed_ns  INTEGER NOT NULL,  -- last change of the metadata
-        -- The columns below are NULL for directories.
+        -- The columns below, up to `unsealed`, are NULL for directories.
         size        INTEGER,  -- bytes the user asked for (0 for a pending file made in the mount)
         capacity    INTEGER,  -- bytes held on the device (size rounded up to the device's
                               -- granularity); NULL while 'pending'
         device      TEXT,     -- UUID of the device holding it (host backend: 'HOST-...')
         durable     INTEGER,  -- 1 durable (survives daemon restarts), 0 transient
-        state       TEXT CHECK (state IN ('pending', 'ready', 'degraded', 'lost',
-                                          'recovering')),
+        state       TEXT CHECK (state IN ('pending', 'ready', 'degraded', 'lost')),
         ecc         TEXT CHECK (ecc IN ('rs', 'none')),  -- requested protection
-        parity_gen  INTEGER,  -- generation of the parity; 0 = parity never computed
-        checksum    TEXT,     -- checksum recorded at the last seal; NULL = none recorded
+        -- 1 while a client attached read-write has not sealed: its parity is stale, so verify
+        -- and scrub skip it (and must not "repair" the client's writes back), until `seal`.
+        -- 2 while a durable allocation has writes whose parity is not yet refreshed (mount or
+        -- socket writes before their close/fsync): after a crash its parity is rebuilt from
+        -- the data. 0 otherwise (and for directories).
+        unsealed    INTEGER NOT NULL DEFAULT 0,
+        -- Wall clock (ns) at which a verify, scrub or recover last finished a pass over all of
+        -- the allocation's protected blocks; NULL = never verified (and for directories and
+        -- allocations without ECC).
+        verified_ns INTEGER,
+        -- Wall clock (ns) of the last access: utimensat(2) sets it, and a read or listing on
+        -- the mount moves it by the relatime rule (docs/mount.md). NULL only in a row
+        -- inserted without it (`check` re-inserting a row): read as modified_ns.
+        accessed_ns INTEGER,
         UNIQUE (parent, name)
     );
     CREATE TABLE holders (
@@ -111,6 +126,16 @@ def create_tables(db: sqlite3.Connection) -> None:
         detail   TEXT NOT NULL     -- JSON object with kind-specific fields
     );
     CREATE INDEX events_node ON events (node);
+    CREATE TABLE damage (
+        -- One row per 128 KiB block of an allocation that failed to verify and could not
+        -- be repaired: its bytes read as EIO until `gpumemctl recover` repairs it or a
+        -- write replaces the whole block. The allocation's state is 'degraded' while it
+        -- has rows here.
+        node     INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+        block    INTEGER NOT NULL,      -- block index: bytes [block*131072, +131072)
+        found_ns INTEGER NOT NULL,      -- when a verify or scrub found it
+        PRIMARY KEY (node, block)
+    );
     """)
 
 
@@ -124,61 +149,54 @@ def execute_script(db: sqlite3.Connection, script: str) -> None:
             statement = ""
 
 
+# ---- migrations of older registries ------------------------------------------------------
+# Each brings a registry of version N to N+1 (MIGRATIONS[N]); the columns' meanings are in
+# create_tables(). A new registry never runs them: create_tables() makes the current schema
+# at once.
 def add_damage_table(db: sqlite3.Connection) -> None:
-    """Schema version 2: the blocks ECC found beyond repair (issue 5, docs/ecc.md)."""
+    """Version 1 to 2: the blocks ECC found beyond repair (issue 5, docs/ecc.md), and the
+    `unsealed` column (meanings: create_tables())."""
     execute_script(db, """
     CREATE TABLE damage (
-        -- One row per 128 KiB block of an allocation that failed to verify and could not
-        -- be repaired: its bytes read as EIO until `gpumemctl recover` repairs it or a
-        -- write replaces the whole block. The allocation's state is 'degraded' while it
-        -- has rows here.
         node     INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
-        block    INTEGER NOT NULL,      -- block index: bytes [block*131072, +131072)
-        found_ns INTEGER NOT NULL,      -- when a verify or scrub found it
+        block    INTEGER NOT NULL,
+        found_ns INTEGER NOT NULL,
         PRIMARY KEY (node, block)
     );
-    -- 1 while a client attached read-write has not sealed: its parity is stale, so verify
-    -- and scrub skip it (and must not "repair" the client's writes back), until `seal`.
-    -- 2 while a durable allocation has writes whose parity is not yet refreshed (mount or
-    -- socket writes before their close/fsync): after a crash its parity is rebuilt from
-    -- the data. 0 otherwise.
     ALTER TABLE nodes ADD COLUMN unsealed INTEGER NOT NULL DEFAULT 0;
     """)
 
 
 def add_verified_column(db: sqlite3.Connection) -> None:
-    """Schema version 3: when each allocation was last verified in full (issue 6: the
+    """Version 2 to 3: when each allocation was last verified in full (issue 6: the
     monitor's "last verified" column)."""
-    execute_script(db, """
-    -- Wall clock (ns since the epoch) at which a verify, scrub or recover last finished a
-    -- pass over all of the allocation's protected blocks; NULL = never verified (and for
-    -- directories and allocations without ECC).
-    ALTER TABLE nodes ADD COLUMN verified_ns INTEGER;
-    """)
+    db.execute("ALTER TABLE nodes ADD COLUMN verified_ns INTEGER")
 
 
 def add_accessed_column(db: sqlite3.Connection) -> None:
-    """Schema version 4: access times (issue 12: utimensat's atime was dropped, and st_atime
+    """Version 3 to 4: access times (issue 12: utimensat's atime was dropped, and st_atime
     showed the modification time)."""
-    execute_script(db, """
-    -- Wall clock (ns since the epoch) of the last access: utimensat(2) sets it, and a read
-    -- or listing on the mount moves it by the relatime rule (docs/mount.md). NULL only in a
-    -- row inserted without it (`check` re-inserting a row): read as modified_ns.
-    ALTER TABLE nodes ADD COLUMN accessed_ns INTEGER;
-    -- Rows from before version 4 never recorded an access: the best guess is the last
-    -- modification, which is what st_atime showed until now.
-    UPDATE nodes SET accessed_ns = modified_ns;
-    """)
+    db.execute("ALTER TABLE nodes ADD COLUMN accessed_ns INTEGER")
+    # Rows from before version 4 never recorded an access: the best guess is the last
+    # modification, which is what st_atime showed until now.
+    db.execute("UPDATE nodes SET accessed_ns = modified_ns")
 
 
-# Migrations from version N to N+1: MIGRATIONS[N](db). Version 0 is an empty database.
-MIGRATIONS = {0: create_tables, 1: add_damage_table, 2: add_verified_column,
-              3: add_accessed_column}
+def drop_unused_columns(db: sqlite3.Connection) -> None:
+    """Version 4 to 5 (issue 13): `parity_gen` (always 0) and `checksum` (always NULL) were
+    never given a meaning. SQLite before 3.35 cannot drop a column: there they stay, unused
+    since schema 5, and nothing reads or writes them.
 
-NODE_COLUMNS = ("id", "parent", "name", "kind", "uid", "gid", "mode", "created_ns",
-                "modified_ns", "changed_ns", "size", "capacity", "device", "durable",
-                "state", "ecc", "parity_gen", "checksum", "unsealed", "verified_ns",
-                "accessed_ns")
+    The `state` CHECK of an older registry still allows 'recovering', a state nothing ever
+    entered: changing a CHECK means rebuilding `nodes`, which `damage` references with ON
+    DELETE CASCADE; allowing one value more costs nothing."""
+    if sqlite3.sqlite_version_info >= (3, 35, 0):
+        db.execute("ALTER TABLE nodes DROP COLUMN parity_gen")
+        db.execute("ALTER TABLE nodes DROP COLUMN checksum")
+
+
+MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
+              4: drop_unused_columns}
 
 
 class Registry:
@@ -195,7 +213,8 @@ class Registry:
         self._want_full = False
         self._want_now = False
         self.group_commit = False   # see transaction(); the daemon turns it on
-        self.on_batch = None        # called when a batch starts: schedule flush()
+        self.on_batch: Callable[[], None] | None = None   # a batch starts: schedule flush()
+        self.batch_lost = False     # a failed commit took answered batched changes with it
         self.created = False        # this open made the registry (there was none)
         self._instance: str | None = None       # meta 'instance', once read
         self._event_bytes: int | None = None    # what max_event_bytes counts; None: recount
@@ -245,12 +264,16 @@ class Registry:
             raise RegistryUnusable(f"registry {self.path} has schema version {version}, newer "
                                    f"than this gpumemd ({SCHEMA_VERSION}); upgrade gpumemd",
                                    corrupt=False)
-        self.created = version == 0
+        self.created = version == 0     # version 0: an empty database, made just now
+        if self.created:
+            with self.transaction(durable=True):
+                create_tables(self.db)
+                self._init_root()
+                self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            return
         while version < SCHEMA_VERSION:
             with self.transaction(durable=True):
                 MIGRATIONS[version](self.db)
-                if version == 0:
-                    self._init_root()
                 version += 1
                 self.db.execute(f"PRAGMA user_version={version}")
 
@@ -325,6 +348,16 @@ class Registry:
             self.db.execute("COMMIT")
         except sqlite3.Error:
             self._event_bytes = None
+            if not self.db.in_transaction:
+                # SQLite rolled the transaction back itself (a full disk does that at
+                # COMMIT): there is nothing left to commit, and the next change begins anew.
+                # Batched changes were answered already: they are lost from the registry
+                # (not from memory) until it is rewritten (main.GroupCommit).
+                if self._batched:
+                    self.batch_lost = True
+                    if self.on_batch is not None:
+                        self.on_batch()
+                self._open = self._batched = False
             raise
         self._open = self._batched = False
         self.last_change = time.monotonic()
@@ -348,7 +381,7 @@ class Registry:
         marks = ", ".join("?" for _ in fields)
         cur = self.db.execute(f"INSERT INTO nodes ({cols}) VALUES ({marks})",
                               tuple(fields.values()))
-        return cur.lastrowid
+        return inserted_id(cur)
 
     def update_node(self, node_id: int, **fields) -> None:
         sets = ", ".join(f"{k} = ?" for k in fields)
@@ -432,7 +465,7 @@ class Registry:
         cur = self.db.execute(
             "INSERT INTO events (time_ns, kind, node, path, uid, pid, detail)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)", (time_ns, kind, node, path, uid, pid, text))
-        newest = cur.lastrowid
+        newest = inserted_id(cur)
         if self._event_bytes is not None:
             self._event_bytes += len(text) + (len(path.encode(errors="replace")) if path else 0)
         if newest % self._prune_every == 0:
@@ -458,8 +491,9 @@ class Registry:
     def _prune_event_bytes(self, newest: int) -> None:
         """Past max_event_bytes: delete the oldest events (never `newest`, the one being
         added) down to EVENT_PRUNE_TO of it, so that pruning is rare, not every event."""
-        excess = self.event_log_bytes() - int(self.max_event_bytes * EVENT_PRUNE_TO)
-        if self._event_bytes <= self.max_event_bytes or excess <= 0:
+        total = self.event_log_bytes()
+        excess = total - int(self.max_event_bytes * EVENT_PRUNE_TO)
+        if total <= self.max_event_bytes or excess <= 0:
             return
         freed, cut = 0, None
         cur = self.db.execute(f"SELECT id, {EVENT_BYTES_SQL} FROM events WHERE id < ?"
@@ -480,7 +514,8 @@ class Registry:
                uid: int | None = None) -> list[dict]:
         """Events after `since`, oldest first; with `uid`, only that user's and the
         daemon-wide ones."""
-        where, args = "id > ?", [since]
+        where = "id > ?"
+        args: list[int | str] = [since]
         if uid is not None:
             where += " AND (uid = ? OR node IS NULL)"
             args.append(uid)
@@ -549,6 +584,14 @@ class Registry:
     def close(self) -> None:
         self.flush()
         self.db.close()
+
+
+def inserted_id(cur: sqlite3.Cursor) -> int:
+    """The rowid an INSERT just made (sqlite3 types lastrowid as optional: it is None only
+    for statements that insert nothing)."""
+    if cur.lastrowid is None:
+        raise RuntimeError("an INSERT made no row")
+    return cur.lastrowid
 
 
 def event_row_to_dict(row) -> dict:

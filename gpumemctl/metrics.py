@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-STATES = ("pending", "ready", "degraded", "lost", "recovering")   # docs/design.md, "Lifetimes"
+STATES = ("pending", "ready", "degraded", "lost")   # docs/design.md, "Lifetimes"
 
 
 @dataclasses.dataclass

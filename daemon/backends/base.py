@@ -58,6 +58,7 @@ BufferT = TypeVar("BufferT", bound=Buffer)   # the Buffer subclass a backend mak
 
 class Backend(abc.ABC, Generic[BufferT]):
     name: str
+    ecc_cache_dir: str | None = None   # where a GPU codec keeps compiled kernels (gpumemd sets it)
 
     @abc.abstractmethod
     def devices(self) -> list[DeviceInfo]: ...
@@ -159,7 +160,7 @@ class Backend(abc.ABC, Generic[BufferT]):
     # ---- ECC: the codec runs where the memory is (daemon/parity.py) --------------------
     def ecc(self, op: str, data: BufferT, parity: BufferT, first: int, count: int,
             total: int):
-        """Run codec operation `op` (encode, verify, repair, verify_refresh; see
+        """Run codec operation `op` (encode, verify, repair; see
         daemon/ecc/cpu.py) on blocks [first, first+count) of `data`, whose parity region
         (sized for `total` blocks) is `parity`."""
         raise InvalidState(f"the {self.name} backend has no ECC codec")

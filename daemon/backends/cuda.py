@@ -260,7 +260,7 @@ class CudaBackend(Backend[CudaBuffer]):
         from ..ecc import cpu
         copies = [bytearray(self.read(b, o, n)) for b, o, n in spans]
         result = getattr(cpu, op)(*(np.frombuffer(c, np.uint8) for c in copies))
-        changed = {"encode": (1, 2), "repair": (0, 1, 2), "verify_refresh": (1,)}
+        changed = {"encode": (1, 2), "repair": (0, 1, 2)}
         for i in changed.get(op, ()):
             buf, offset, _ = spans[i]
             self.write(buf, offset, copies[i])

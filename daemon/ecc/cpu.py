@@ -7,7 +7,6 @@ copied wholesale, and in-place writes land in the caller's memory); n = len(data
     checksum(data)                           the n*8 checksum bytes
     verify(data, parity, checksums)          per block CLEAN or DAMAGED
     repair(data, parity, checksums)          in place: (status, symbols corrected) per block
-    verify_refresh(data, parity, checksums)  per block CLEAN, REFRESHED or NEEDS_REPAIR
 
 Speed comes from linearity over GF(2): a codeword's parity is the XOR over message positions j
 of the parity of (m_j at position j, zeros elsewhere), so one 128 x 256 table of packed 8-byte
@@ -40,8 +39,6 @@ from daemon.ecc.layout import (
 
 # Status codes beyond layout's CLEAN / CORRECTED / UNCORRECTABLE (docs/ecc.md):
 DAMAGED = 1         # verify(): parity or checksum disagrees with the data; run repair()
-REFRESHED = 1       # verify_refresh(): checksum matched, stale parity rewritten from the data
-NEEDS_REPAIR = 3    # verify_refresh(): checksum mismatch; nothing changed, run repair()
 
 LENGTH = MESSAGE + NSYM     # 136 symbols per codeword; position k is the coefficient of x^(135-k)
 BATCH = 16                  # blocks per pass: 2 MiB of data, temporaries stay in cache
@@ -196,33 +193,20 @@ def checksum(data) -> np.ndarray:
 
 def _scan(d, p, c):
     """One batch: the parity difference (nb, 8, 1024), which codewords are inconsistent
-    (nb, 1024), which blocks' checksums differ (nb,), and the recomputed parity and sums."""
-    enc = _parity(d)
+    (nb, 1024), which blocks' checksums differ (nb,), and the recomputed sums."""
     sums = _checksums(d)
-    delta = enc ^ p.reshape(-1, NSYM, CODEWORDS)
-    return delta, delta.any(axis=1), (sums != c).any(axis=1), enc, sums
+    delta = _parity(d) ^ p.reshape(-1, NSYM, CODEWORDS)
+    return delta, delta.any(axis=1), (sums != c).any(axis=1), sums
 
 
 def verify(data, parity, checksums) -> np.ndarray:
     n, (d, p, c) = _args(data, parity, checksums)
     status = np.empty(n, np.uint8)
     for s in _batches(n):
-        _, bad, sum_bad, _, _ = _scan(d[s], p[s], c[s])
+        _, bad, sum_bad, _ = _scan(d[s], p[s], c[s])
         status[s] = np.where(bad.any(axis=1) | sum_bad, DAMAGED, CLEAN)
     return status
 
-
-def verify_refresh(data, parity, checksums) -> np.ndarray:
-    """Where the checksum vouches for the data, rewrite parity that disagrees with it."""
-    n, (d, p, c) = _args(data, parity, checksums)
-    status = np.empty(n, np.uint8)
-    for s in _batches(n):
-        _, bad, sum_bad, enc, _ = _scan(d[s], p[s], c[s])
-        stale = bad.any(axis=1) & ~sum_bad
-        if stale.any():
-            p[s][stale] = enc[stale].reshape(-1, PARITY_BLOCK)
-        status[s] = np.where(sum_bad, NEEDS_REPAIR, np.where(stale, REFRESHED, CLEAN))
-    return status
 
 # ---------------------------------------------------------------- decoding
 
@@ -332,7 +316,7 @@ def repair(data, parity, checksums) -> tuple[np.ndarray, np.ndarray]:
     status = np.zeros(n, np.uint8)
     corrected = np.zeros(n, np.int64)
     for s in _batches(n):
-        delta, bad, sum_bad, _, sums = _scan(d[s], p[s], c[s])
+        delta, bad, sum_bad, sums = _scan(d[s], p[s], c[s])
         # Data and parity agree, only the checksum differs: the checksum is the damaged part.
         lone = sum_bad & ~bad.any(axis=1)
         c[s][lone] = sums[lone]
@@ -367,7 +351,6 @@ def bench(size_mb: int = 256) -> dict[str, float]:
     timed("encode", lambda: encode(data, parity, sums))
     timed("checksum", lambda: checksum(data))
     timed("verify", lambda: verify(data, parity, sums))
-    timed("verify_refresh (clean)", lambda: verify_refresh(data, parity, sums))
     timed("repair (clean)", lambda: repair(data, parity, sums))
     # Worst damage that still repairs: a 4096-byte burst in each of (up to) 512 blocks, so all
     # 1024 codewords of every one of them go through the decoder.

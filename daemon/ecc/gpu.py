@@ -14,7 +14,6 @@ complete (results on the host; the caller may free the buffers):
     verify(data, parity, cks, n)             uint8[n]: 0 CLEAN, 1 DAMAGED
     repair(data, parity, cks, n)             in place: (status uint8[n], corrected int64[n]),
                                              status layout.CLEAN / CORRECTED / UNCORRECTABLE
-    verify_refresh(data, parity, cks, n)     uint8[n]: 0 CLEAN, 1 REFRESHED, 3 NEEDS_REPAIR
 
 The cache: `cache_dir`/ecc-<arch>-<sha256 of source and options>.cubin (or .ptx); written
 atomically, so concurrent daemons at worst compile twice. A file that fails to load is
@@ -53,7 +52,6 @@ BASE_OPTIONS = ("-std=c++17",)
 WARPS_PER_CTA = 4           # must match ECC_WARPS in kernels.cu (or the -D given in options)
 REPAIR_THREADS = CODEWORDS  # ecc_repair: one thread per codeword, one CTA per block
 DAMAGED = 1                 # verify()
-REFRESHED, NEEDS_REPAIR = 1, 3   # verify_refresh()
 
 _c64 = ctypes.c_uint64
 
@@ -239,7 +237,6 @@ class GpuCodec:
                 fn = lambda name: cudadrv.module_function(self._module, name)  # noqa: E731
                 self._encode = fn("ecc_encode")
                 self._verify = fn("ecc_verify")
-                self._refresh = fn("ecc_refresh")
                 self._repair = fn("ecc_repair")
                 self._scan = fn("ecc_scan")
                 cudadrv.function_max_dynamic_shared(self._repair, BLOCK)
@@ -258,12 +255,6 @@ class GpuCodec:
     def verify(self, data_ptr: int, parity_ptr: int, cks_ptr: int, n: int) -> np.ndarray:
         """Per block: 0 clean (parity consistent and checksum matches), 1 damaged."""
         return self._status_pass(self._verify, data_ptr, parity_ptr, cks_ptr, n)
-
-    def verify_refresh(self, data_ptr: int, parity_ptr: int, cks_ptr: int,
-                       n: int) -> np.ndarray:
-        """Per block: where the checksum matches, parity rewritten from the data (1 if it
-        differed, else 0); where it does not, 3 and nothing changed."""
-        return self._status_pass(self._refresh, data_ptr, parity_ptr, cks_ptr, n)
 
     def repair(self, data_ptr: int, parity_ptr: int, cks_ptr: int,
                n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -366,6 +357,6 @@ class GpuCodec:
 
 
 __all__ = [
-    "BLOCK", "CHECKSUM_BYTES", "CLEAN", "CORRECTED", "DAMAGED", "NEEDS_REPAIR", "PARITY_BLOCK",
-    "REFRESHED", "UNCORRECTABLE", "GpuCodec", "default_cache_dir", "load_or_compile",
+    "BLOCK", "CHECKSUM_BYTES", "CLEAN", "CORRECTED", "DAMAGED", "PARITY_BLOCK", "UNCORRECTABLE",
+    "GpuCodec", "default_cache_dir", "load_or_compile",
 ]

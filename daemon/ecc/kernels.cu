@@ -7,7 +7,7 @@
 // Checksum per block (docs/ecc.md): 32768 little-endian words w_i, s1 = sum w_i, s2 = sum
 // (2i+1) w_i, both mod 2^32, stored as (s1, s2), 8 bytes.
 //
-// The hot kernels (encode / verify / verify_refresh) are bit-sliced: one warp per block, each
+// The hot kernels (encode / verify) are bit-sliced: one warp per block, each
 // lane owns 32 codewords (columns 16*lane .. 16*lane+15 and 512+16*lane .. 512+16*lane+15, so a
 // warp's two 16-byte loads per row each read 512 contiguous bytes). A lane transposes its 32
 // bytes of a row into 8 "bit planes" (word k holds bit k of all 32 symbols), and runs the
@@ -162,8 +162,8 @@ __device__ __forceinline__ void lfsr_step(u32 (&r)[ECC_NSYM][8], const u32 (&m)[
     lfsr_out<0, 0>(r, lo, hi);
 }
 
-// ---------------------------------------------------------------- encode / verify / refresh
-enum { MODE_ENCODE = 0, MODE_VERIFY = 1, MODE_REFRESH = 2 };
+// ---------------------------------------------------------------- encode / verify
+enum { MODE_ENCODE = 0, MODE_VERIFY = 1 };
 
 template <int MODE>
 __device__ __forceinline__ void block_pass(const u8 *__restrict__ data, u8 *__restrict__ parity,
@@ -246,23 +246,8 @@ __device__ __forceinline__ void block_pass(const u8 *__restrict__ data, u8 *__re
     const uint2 stored = cks[blk];
     const bool match = stored.x == s1 && stored.y == s2;
 
-    if (MODE == MODE_VERIFY) {
-        if (lane == 0) status[blk] = (stale || !match) ? 1 : 0;
-        return;
-    }
-    // MODE_REFRESH: the checksum vouches for the data -> its parity is the truth.
-    if (!match) {
-        if (lane == 0) status[blk] = 3;
-        return;
-    }
-    if (stale) {
-#pragma unroll
-        for (int i = 0; i < ECC_NSYM; i++) {
-            pdst[i * 64] = make_uint4(r[i][0], r[i][1], r[i][2], r[i][3]);
-            pdst[i * 64 + 32] = make_uint4(r[i][4], r[i][5], r[i][6], r[i][7]);
-        }
-    }
-    if (lane == 0) status[blk] = stale ? 1 : 0;
+    // MODE_VERIFY
+    if (lane == 0) status[blk] = (stale || !match) ? 1 : 0;
 }
 
 extern "C" __global__ void __launch_bounds__(ECC_WARPS * 32, ECC_MIN_CTAS)
@@ -277,13 +262,6 @@ ecc_verify(const u8 *__restrict__ data, u8 *__restrict__ parity, uint2 *__restri
            u8 *__restrict__ status, u64 nblocks)
 {
     block_pass<MODE_VERIFY>(data, parity, cks, status, nblocks);
-}
-
-extern "C" __global__ void __launch_bounds__(ECC_WARPS * 32, ECC_MIN_CTAS)
-ecc_refresh(const u8 *__restrict__ data, u8 *__restrict__ parity, uint2 *__restrict__ cks,
-            u8 *__restrict__ status, u64 nblocks)
-{
-    block_pass<MODE_REFRESH>(data, parity, cks, status, nblocks);
 }
 
 // ---------------------------------------------------------------- read bandwidth yardstick

@@ -34,7 +34,3 @@ def parity_bytes(capacity: int) -> int:
     """Size of the parity region: parity, then the checksums."""
     n = blocks(capacity)
     return n * PARITY_BLOCK + n * CHECKSUM_BYTES
-
-
-def checksum_offset(capacity: int) -> int:
-    return blocks(capacity) * PARITY_BLOCK

@@ -151,7 +151,6 @@ def test_ecc_md_vectors(cp, codec):
         assert p[:32].tobytes().hex() == head, name
     assert cp.asnumpy(b.cks).tobytes() == np_checksums(host).tobytes()
     assert codec.verify(*b.args).tolist() == [0, 0, 0]
-    assert codec.verify_refresh(*b.args).tolist() == [0, 0, 0]
     status, fixed = codec.repair(*b.args)
     assert status.tolist() == [0, 0, 0] and fixed.tolist() == [0, 0, 0]
 
@@ -331,10 +330,6 @@ def test_too_many_errors_is_uncorrectable_and_unchanged(cp, codec, errors):
                           damaged[1][2 * PARITY_BLOCK:3 * PARITY_BLOCK])
     assert cp.array_equal(b.cks, clean[2])
     assert cp.array_equal(b.data[4 * BLOCK:5 * BLOCK], clean[0][4 * BLOCK:5 * BLOCK])
-    # verify_refresh: block 2's checksum does not match its data -> 3, nothing changed.
-    repaired = b.snapshot()
-    assert codec.verify_refresh(*b.args).tolist() == [0, 0, 3, 0, 0, 0]
-    assert b.same_as(repaired)
 
 
 def test_checksum_only_damage(cp, codec):
@@ -347,39 +342,8 @@ def test_checksum_only_damage(cp, codec):
     b.cks[8 * 1 + 5] ^= 0x40
     sync(cp)
     assert codec.verify(*b.args).tolist() == [0, 1, 0, 0]
-    damaged = b.snapshot()
-    assert codec.verify_refresh(*b.args).tolist() == [0, 3, 0, 0]
-    assert b.same_as(damaged)
     st, fixed = codec.repair(*b.args)
     assert st.tolist() == [0, 1, 0, 0] and fixed.tolist() == [0, 0, 0, 0]
-    assert b.same_as(clean)
-
-
-def test_verify_refresh_rewrites_stale_parity(cp, codec):
-    import numpy as np
-    rng = np.random.default_rng(11)
-    n = 10
-    b = Bufs(cp, n)
-    fill_random(cp, b.data, 99)
-    sync(cp)
-    codec.encode(*b.args)
-    clean = b.snapshot()
-    # Block 1: parity wholly garbage (beyond any decoder); block 6: a few parity bytes;
-    # block 8: data damaged (its checksum no longer matches: left alone).
-    b.parity[PARITY_BLOCK:2 * PARITY_BLOCK] = cp.asarray(
-        rng.integers(0, 256, PARITY_BLOCK, dtype=np.uint8))
-    b.parity[6 * PARITY_BLOCK + 4000] ^= 0x11
-    b.data[8 * BLOCK + 12345] ^= 0x80
-    sync(cp)
-    damaged = b.snapshot()
-    assert codec.verify(*b.args).tolist() == [0, 1, 0, 0, 0, 0, 1, 0, 1, 0]
-    assert codec.verify_refresh(*b.args).tolist() == [0, 1, 0, 0, 0, 0, 1, 0, 3, 0]
-    assert cp.array_equal(b.parity[:8 * PARITY_BLOCK], clean[1][:8 * PARITY_BLOCK])
-    assert cp.array_equal(b.data, damaged[0]) and cp.array_equal(b.cks, clean[2])
-    assert cp.array_equal(b.parity[8 * PARITY_BLOCK:], damaged[1][8 * PARITY_BLOCK:])
-    assert codec.verify_refresh(*b.args).tolist() == [0] * 8 + [3, 0]
-    st, fixed = codec.repair(*b.args)
-    assert st.tolist() == [0] * 8 + [1, 0] and fixed[8] == 1
     assert b.same_as(clean)
 
 

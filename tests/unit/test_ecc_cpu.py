@@ -280,47 +280,21 @@ def _parity_delta(blk: Blocks, c: int) -> np.ndarray:
 # ---------------------------------------------------------------- parity and checksum damage
 
 
-def test_parity_only_damage_is_repaired_and_refreshed():
+def test_parity_only_damage_is_repaired():
     blk = Blocks(3, seed=21)
     _burst(blk, blk.parity, 1 * PARITY_BLOCK + 1234)
     status, _ = cpu.repair(*blk.args())
     assert list(status) == [CLEAN, CORRECTED, CLEAN] and blk.same_as(blk.good)
 
-    _burst(blk, blk.parity, 2 * PARITY_BLOCK + 4000)
-    assert list(cpu.verify_refresh(*blk.args())) == [CLEAN, CLEAN, cpu.REFRESHED]
-    assert blk.same_as(blk.good)
-
-
-def test_refresh_rebuilds_a_wholly_lost_parity_block_that_repair_cannot():
-    blk = Blocks(2, seed=22)
-    blk.parity[PARITY_BLOCK:] = blk.rng.integers(0, 256, PARITY_BLOCK, dtype=np.uint8)
-    lost = blk.snapshot()
-    status, _ = cpu.repair(*blk.args())
-    assert list(status) == [CLEAN, UNCORRECTABLE] and blk.same_as(lost)
-    assert list(cpu.verify_refresh(*blk.args())) == [CLEAN, cpu.REFRESHED]
-    assert blk.same_as(blk.good)
-
 
 def test_checksum_only_damage():
     blk = Blocks(3, seed=23)
     blk.sums[CHECKSUM_BYTES + 2] ^= 0x10
-    damaged = blk.snapshot()
-    # verify_refresh cannot tell which side is wrong: it reports and changes nothing.
-    assert list(cpu.verify_refresh(*blk.args())) == [CLEAN, cpu.NEEDS_REPAIR, CLEAN]
-    assert blk.same_as(damaged)
+    assert list(cpu.verify(*blk.args())) == [CLEAN, cpu.DAMAGED, CLEAN]
     # repair sees data and parity agree, so the checksum is the damaged part.
     status, corrected = cpu.repair(*blk.args())
     assert list(status) == [CLEAN, CORRECTED, CLEAN] and not corrected.any()
     assert blk.same_as(blk.good)
-
-
-def test_refresh_leaves_damaged_data_alone():
-    blk = Blocks(2, seed=24)
-    blk.data[BLOCK + 4242] ^= 0xFF
-    damaged = blk.snapshot()
-    assert list(cpu.verify_refresh(*blk.args())) == [CLEAN, cpu.NEEDS_REPAIR]
-    assert blk.same_as(damaged)
-    assert list(cpu.repair(*blk.args())[0]) == [CLEAN, CORRECTED] and blk.same_as(blk.good)
 
 # ---------------------------------------------------------------- memory and arguments
 

@@ -108,6 +108,8 @@ def test_the_access_time_column_is_added_with_the_modification_time(tmp_path):
     reg.close()
     db = sqlite3.connect(path)                          # back to schema 3
     db.execute("ALTER TABLE nodes DROP COLUMN accessed_ns")
+    db.execute("ALTER TABLE nodes ADD COLUMN parity_gen INTEGER")   # dropped by schema 5
+    db.execute("ALTER TABLE nodes ADD COLUMN checksum TEXT")
     db.execute("PRAGMA user_version=3")
     db.commit()
     db.close()

@@ -1,0 +1,174 @@
+"""Fault injection into the registry (issue 13): for every mutating verb, each registry
+statement and the COMMIT fail in turn, as they do on a full state disk. Afterwards the verb
+has either happened whole or changed nothing: the tree, the registry, the backend's memory and
+the keeper agree (`check` is clean), what a user sees is what it was before, and the next
+change works (service goes on once space returns)."""
+from __future__ import annotations
+
+import itertools
+import sqlite3
+
+import pytest
+
+from gpumemctl.protocol import GpumemError
+from tests.sizes import MiB
+
+from .world import ROOT, World, clean
+
+FULL = "database or disk is full"
+# Statements that undo or scope a transaction are never made to fail: SQLite itself runs a
+# rollback when a statement fails for a full disk, and so must the registry.
+NEVER_FAILS = ("SAVEPOINT", "ROLLBACK", "RELEASE", "PRAGMA", "SELECT")
+
+
+class FailingConnection:
+    """The registry's SQLite connection, failing its `fail_at`-th writing statement with
+    SQLite's own error for a full disk. A failing COMMIT rolls the transaction back first,
+    as SQLite does when a commit meets a full disk."""
+
+    def __init__(self, db: sqlite3.Connection, fail_at: int | None):
+        self._db, self.fail_at, self.count = db, fail_at, 0
+
+    def _tick(self, sql: str) -> None:
+        if sql.lstrip().upper().startswith(NEVER_FAILS):
+            return
+        self.count += 1
+        if self.count == self.fail_at:
+            if sql.lstrip().upper().startswith("COMMIT"):
+                self._db.execute("ROLLBACK")
+            raise sqlite3.OperationalError(FULL)
+
+    def execute(self, sql, *args):
+        self._tick(sql)
+        return self._db.execute(sql, *args)
+
+    def executemany(self, sql, *args):
+        self._tick(sql)
+        return self._db.executemany(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+
+def seen(m) -> dict:
+    """What a user can observe: every entry with its attributes, the memory held, and what
+    the keeper holds."""
+    entries = {e["path"]: {k: e.get(k) for k in ("type", "size", "capacity", "durable",
+                                                   "mode", "uid", "gid", "state")}
+               for e in m.listdir("", ROOT, recursive=True)}
+    free = [d.free for d in m.backend.devices()]
+    return {"entries": entries, "free": free, "kept": sorted(m.keeper.keys())}
+
+
+# ---- the verbs: (setup, action), each on a fresh world ---------------------------------------
+def _setup(m):
+    m.mkdir("d", ROOT)
+    m.mkdir("empty", ROOT)
+    m.create("d/trans", ROOT, size=2 * MiB)
+    m.create("d/keep", ROOT, size=2 * MiB, durable=True)
+
+
+def _id(m, path: str) -> int:
+    return m.lookup(path, ROOT).id
+
+
+def _open_read(m):
+    m.open("d/keep", ROOT, m.open_session(ROOT), "r")
+
+
+VERBS = {
+    "mkdir": lambda m: m.mkdir("d/sub", ROOT),
+    "mkdir -p": lambda m: m.mkdir("a/b/c", ROOT, parents=True),
+    "create transient": lambda m: m.create("d/new", ROOT, size=4 * MiB),
+    "create durable": lambda m: m.create("d/new", ROOT, size=4 * MiB, durable=True),
+    "create with parents": lambda m: m.create("x/y/new", ROOT, size=MiB, durable=True),
+    "rm transient": lambda m: m.remove("d/trans", ROOT),
+    "rm durable": lambda m: m.remove("d/keep", ROOT),
+    "rm -r": lambda m: m.remove("d", ROOT, recursive=True),
+    "durable": lambda m: m.set_durable("d/trans", ROOT, True),
+    "transient": lambda m: m.set_durable("d/keep", ROOT, False),
+    "resize up": lambda m: m.resize(m.lookup("d/keep", ROOT), ROOT, 6 * MiB),
+    "resize down": lambda m: m.resize(m.lookup("d/keep", ROOT), ROOT, MiB),
+    "rename": lambda m: m.rename(m.lookup("d", ROOT).id, "keep", m.root.id, "moved", ROOT),
+    "rename over": lambda m: m.rename(m.lookup("d", ROOT).id, "trans",
+                                      m.lookup("d", ROOT).id, "keep", ROOT),
+    "chmod": lambda m: m.setattr(m.lookup("d/keep", ROOT).id, ROOT, mode=0o640),
+    "chown": lambda m: m.setattr(_id(m, "d/trans"), ROOT, uid=1000, gid=1000),
+    "utimes": lambda m: m.setattr(_id(m, "d/keep"), ROOT, mtime_ns=10**18, atime_ns=10**18),
+    "resize transient": lambda m: m.resize(m.lookup("d/trans", ROOT), ROOT, 6 * MiB),
+    # the mount's verbs, by node id
+    "mkdir in the mount": lambda m: m.mkdir_child(_id(m, "d"), "sub", ROOT),
+    "create in the mount": lambda m: m.create_pending(_id(m, "d"), "pending", ROOT),
+    "unlink in the mount": lambda m: m.unlink_child(_id(m, "d"), "keep", ROOT),
+    "rmdir in the mount": lambda m: m.rmdir_child(m.root.id, "empty", ROOT),
+    "open": _open_read,
+}
+
+
+def statements_of(world, action) -> int:
+    """How many writing statements (and commits) the action runs when nothing fails."""
+    m = world.m
+    probe = FailingConnection(m.registry.db, None)
+    m.registry.db = probe
+    try:
+        action(m)
+    finally:
+        m.registry.db = probe._db
+    return probe.count
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_every_statement_failing_in_turn_leaves_everything_consistent(tmp_path, verb):
+    action = VERBS[verb]
+    dry = World(_fresh_dir(tmp_path, "dry"))
+    _setup(dry.m)
+    total = statements_of(dry, action)
+    dry.close()
+    assert total > 0, f"{verb} ran no registry statement"
+    failures = []
+    for fail_at in range(1, total + 1):      # one fresh world per injected failure
+        world = World(_fresh_dir(tmp_path, f"fail{fail_at}"))
+        try:
+            failures += _one_failure(world, verb, action, fail_at)
+        finally:
+            world.close()
+    assert not failures, "\n".join(failures)
+
+
+def _fresh_dir(tmp_path, name: str):
+    path = tmp_path / name
+    path.mkdir()
+    return path
+
+
+def _one_failure(world, verb: str, action, fail_at: int) -> list[str]:
+    m = world.m
+    _setup(m)
+    before = seen(m)
+    m.registry.db = FailingConnection(m.registry.db, fail_at)
+    try:
+        action(m)
+    except (GpumemError, sqlite3.Error):
+        pass
+    else:
+        return [f"{verb}, statement {fail_at} failing: the verb reported success"]
+    finally:
+        m.registry.db = m.registry.db._db
+    where = f"{verb}, statement {fail_at} failing"
+    problems = []
+    after = seen(m)
+    if after != before:
+        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        problems.append(f"{where}: what a user sees changed: {changed}")
+    try:
+        clean(m)
+    except AssertionError as exc:
+        problems.append(f"{where}: check is not clean: {exc}")
+    try:
+        name = next(n for n in (f"after{i}" for i in itertools.count())
+                    if n not in after["entries"])
+        m.create(name, ROOT, size=MiB, durable=True)     # service goes on
+        clean(m)
+    except Exception as exc:  # noqa: BLE001 - any failure here is the finding
+        problems.append(f"{where}: the next change failed: {exc!r}")
+    return problems

@@ -1,0 +1,194 @@
+"""The registry's schema: a new registry is made at the current version by create_tables(), an
+old one is brought there by the migrations, and the two must end up alike (tables, columns
+with their types, NOT NULL and defaults, keys, indexes), with the old one's rows kept.
+
+CHECK constraints are not compared: a migration cannot change one without rebuilding its
+table, and the one difference (an old registry's `state` CHECK still allows 'recovering', a
+state nothing enters) is deliberate (daemon/registry.py, drop_unused_columns)."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from daemon.registry import ROOT_ID, SCHEMA_VERSION, Registry
+from tests.sizes import MiB
+
+from .world import ROOT as ROOT_CRED
+from .world import clean
+
+# The schema of version 1, frozen as gpumemd first wrote it (create_tables() of schema 1).
+V1_SCHEMA = """
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE nodes (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent      INTEGER REFERENCES nodes(id),
+    name        TEXT NOT NULL,
+    kind        TEXT NOT NULL CHECK (kind IN ('dir', 'alloc')),
+    uid         INTEGER NOT NULL,
+    gid         INTEGER NOT NULL,
+    mode        INTEGER NOT NULL,
+    created_ns  INTEGER NOT NULL,
+    modified_ns INTEGER NOT NULL,
+    changed_ns  INTEGER NOT NULL,
+    size        INTEGER,
+    capacity    INTEGER,
+    device      TEXT,
+    durable     INTEGER,
+    state       TEXT CHECK (state IN ('pending', 'ready', 'degraded', 'lost',
+                                      'recovering')),
+    ecc         TEXT CHECK (ecc IN ('rs', 'none')),
+    parity_gen  INTEGER,
+    checksum    TEXT,
+    UNIQUE (parent, name)
+);
+CREATE TABLE holders (
+    id        INTEGER PRIMARY KEY,
+    node      INTEGER NOT NULL,
+    session   INTEGER NOT NULL,
+    kind      TEXT NOT NULL,
+    pid       INTEGER NOT NULL,
+    uid       INTEGER NOT NULL,
+    since_ns  INTEGER NOT NULL
+);
+CREATE TABLE events (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    time_ns  INTEGER NOT NULL,
+    kind     TEXT NOT NULL,
+    node     INTEGER,
+    path     TEXT,
+    uid      INTEGER,
+    pid      INTEGER,
+    detail   TEXT NOT NULL
+);
+CREATE INDEX events_node ON events (node);
+"""
+
+needs_drop_column = pytest.mark.skipif(
+    sqlite3.sqlite_version_info < (3, 35, 0),
+    reason=f"SQLite {sqlite3.sqlite_version} cannot drop columns: schema 5 keeps two unused")
+
+
+def write_v1_registry(path: str) -> None:
+    """A registry as schema 1 left it: the root, a durable allocation and an event."""
+    db = sqlite3.connect(path)
+    db.executescript(V1_SCHEMA)
+    db.execute("INSERT INTO nodes (id, parent, name, kind, uid, gid, mode, created_ns,"
+               " modified_ns, changed_ns) VALUES (?, NULL, '', 'dir', 0, 0, ?, 1, 2, 3)",
+               (ROOT_ID, 0o1777))
+    db.execute("INSERT INTO nodes (parent, name, kind, uid, gid, mode, created_ns, modified_ns,"
+               " changed_ns, size, capacity, device, durable, state, ecc, parity_gen)"
+               " VALUES (?, 'weights', 'alloc', 1000, 1000, ?, 10, 20, 30, 5000, 2097152,"
+               " 'HOST-0', 1, 'ready', 'rs', 0)", (ROOT_ID, 0o600))
+    db.execute("INSERT INTO meta VALUES ('created_ns', '1'), ('instance', '00112233')")
+    db.execute("INSERT INTO events (time_ns, kind, node, path, uid, pid, detail)"
+               " VALUES (40, 'create', 2, 'weights', 1000, 77, '{}')")
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+
+
+def schema_of(path: str) -> dict:
+    """The schema as SQLite reports it, in a form that does not depend on the order in which
+    tables and indexes were made or on the text of their CREATE statements."""
+    db = sqlite3.connect(path)
+    try:
+        tables = [r[0] for r in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        out = {"user_version": db.execute("PRAGMA user_version").fetchone()[0]}
+        for table in tables:
+            out[table] = table_shape(db, table)
+        return out
+    finally:
+        db.close()
+
+
+def table_shape(db: sqlite3.Connection, table: str) -> dict:
+    sql = db.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    indexes = {}
+    for _, name, unique, origin, partial in db.execute(f"PRAGMA index_list('{table}')"):
+        columns = [r[2] for r in db.execute(f"PRAGMA index_info('{name}')")]
+        indexes[name] = (unique, origin, partial, columns)
+    return {
+        # (name, type, NOT NULL, default, position in the primary key), in column order
+        "columns": [tuple(r[1:]) for r in db.execute(f"PRAGMA table_info('{table}')")],
+        "foreign_keys": sorted(tuple(r[2:]) for r in
+                               db.execute(f"PRAGMA foreign_key_list('{table}')")),
+        "indexes": indexes,
+        "autoincrement": sql is not None and "AUTOINCREMENT" in sql.upper(),
+    }
+
+
+@needs_drop_column
+def test_a_migrated_v1_registry_has_the_schema_of_a_fresh_one(tmp_path):
+    old, new = str(tmp_path / "old.sqlite"), str(tmp_path / "new.sqlite")
+    write_v1_registry(old)
+    Registry(old).close()
+    Registry(new).close()
+    migrated, fresh = schema_of(old), schema_of(new)
+    assert migrated["user_version"] == SCHEMA_VERSION
+    assert migrated == fresh
+
+
+@needs_drop_column
+def test_migration_keeps_the_rows_and_drops_the_unused_columns(tmp_path):
+    path = str(tmp_path / "old.sqlite")
+    write_v1_registry(path)
+    reg = Registry(path)
+    try:
+        assert not reg.created
+        alloc = {r["name"]: r for r in reg.load_nodes()}["weights"]
+        assert (alloc["size"], alloc["capacity"], alloc["state"], alloc["ecc"]) == \
+            (5000, 2097152, "ready", "rs")
+        assert alloc["unsealed"] == 0 and alloc["verified_ns"] is None
+        assert alloc["accessed_ns"] == alloc["modified_ns"] == 20
+        assert "parity_gen" not in alloc.keys() and "checksum" not in alloc.keys()
+        assert reg.instance == "00112233"
+        assert [e["kind"] for e in reg.events()] == ["create"]
+    finally:
+        reg.close()
+
+
+def test_a_fresh_registry_is_made_at_the_current_version(tmp_path):
+    reg = Registry(str(tmp_path / "r.sqlite"))
+    try:
+        assert reg.created and reg.version() == SCHEMA_VERSION
+        columns = [r[1] for r in reg.db.execute("PRAGMA table_info('nodes')")]
+        assert "parity_gen" not in columns and "checksum" not in columns
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            with reg.transaction(durable=False):
+                reg.insert_node(parent=ROOT_ID, name="x", kind="alloc", uid=0, gid=0,
+                                mode=0o600, created_ns=0, modified_ns=0, changed_ns=0,
+                                state="recovering")
+    finally:
+        reg.close()
+
+
+@needs_drop_column
+def test_a_durable_allocation_outlives_the_upgrade_to_schema_5(world):
+    """A daemon of schema 4 stops; this one starts on its registry: the allocation is there
+    with its bytes, and `info` no longer shows the removed keys."""
+    m = world.m
+    m.create("kept", ROOT_CRED, size=MiB, durable=True)
+    m.backend.write(m.lookup("kept", ROOT_CRED).buffer, 0, b"survives")
+    world.crash()                                   # to a fresh manager on the same files ...
+    old = world.m
+    old.keeper.close()
+    old.registry.close()
+    db = sqlite3.connect(old.registry.path)         # ... whose registry goes back to schema 4
+    db.execute("ALTER TABLE nodes ADD COLUMN parity_gen INTEGER")
+    db.execute("ALTER TABLE nodes ADD COLUMN checksum TEXT")
+    db.execute("UPDATE nodes SET parity_gen = 0 WHERE kind = 'alloc'")
+    db.execute("PRAGMA user_version=4")
+    db.commit()
+    db.close()
+    world.m = m = world._new()                      # the upgraded daemon starts
+    assert m.registry.version() == SCHEMA_VERSION
+    info = m.info("kept", ROOT_CRED)
+    assert (info["state"], info["size"], info["durable"]) == ("ready", MiB, True)
+    assert "parity_generation" not in info and "checksum" not in info
+    assert m.backend.read(m.lookup("kept", ROOT_CRED).buffer, 0, 8) == b"survives"
+    clean(m)
