@@ -19,13 +19,20 @@ _FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),
 
 
 class Checker:
-    def __init__(self, manager):
-        self.m = manager
+    """Made by AllocationManager.check: the manager's queries for the in-memory side, the
+    registry's methods (the database layer) for its side and its repairs, the keeper's."""
+
+    def __init__(self, manager, registry, keeper):
+        self.m, self.registry, self.keeper = manager, registry, keeper
         self.problems: list[dict] = []
         self.repair = False
+        self.integrity_errors: list[str] | None = None
 
-    def run(self, *, repair: bool = False) -> dict:
+    def run(self, *, repair: bool = False, integrity_errors: list[str] | None = None) -> dict:
+        """Every check_* in turn. `integrity_errors`: SQLite's integrity check made already
+        (off the event loop: it reads the whole file); None runs it here."""
         self.repair = repair
+        self.integrity_errors = integrity_errors
         checks = [name for name in dir(self) if name.startswith("check_")]
         for name in checks:
             getattr(self, name)()
@@ -41,13 +48,15 @@ class Checker:
 
     # ---- invariants -------------------------------------------------------------------
     def check_registry_integrity(self) -> None:
-        for line in self.m.registry.integrity_errors():
+        errors = self.integrity_errors
+        for line in self.registry.integrity_errors() if errors is None else errors:
             self._problem("registry_integrity", f"SQLite integrity: {line}")
 
     def check_registry_rows_match_tree(self) -> None:
-        rows = {r["id"]: r for r in self.m.registry.load_nodes()}
-        reg = self.m.registry
-        for node_id, node in self.m.nodes.items():
+        rows = {r["id"]: r for r in self.registry.load_nodes()}
+        reg = self.registry
+        for node in self.m.all_nodes():
+            node_id = node.id
             row = rows.pop(node_id, None)
             if row is None:
                 self._problem("registry_rows", f"'{node.path}' (id {node_id}) has no registry "
@@ -72,15 +81,14 @@ class Checker:
         fields = {col: (conv(getattr(node, attr)) if conv else getattr(node, attr))
                   for col, attr, conv in _FIELDS if hasattr(node, attr)}
         fields["parent"] = node.parent.id if node.parent else None
-        with self.m.registry.transaction(durable=True):
+        with self.registry.transaction(durable=True):
             if insert:
-                self.m.registry.db.execute(
-                    "INSERT INTO nodes (id, kind, created_ns, modified_ns, changed_ns, name,"
-                    " uid, gid, mode) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (node.id, "dir" if isinstance(node, Directory) else "alloc",
-                     node.created_ns, node.modified_ns, node.changed_ns, node.name, node.uid,
-                     node.gid, node.mode))
-            self.m.registry.update_node(node.id, **fields)
+                self.registry.insert_node(
+                    id=node.id, kind="dir" if isinstance(node, Directory) else "alloc",
+                    created_ns=node.created_ns, modified_ns=node.modified_ns,
+                    changed_ns=node.changed_ns, name=node.name, uid=node.uid, gid=node.gid,
+                    mode=node.mode)
+            self.registry.update_node(node.id, **fields)
 
     def check_backend_memory(self) -> None:
         for alloc in self.m.allocations():
@@ -98,7 +106,7 @@ class Checker:
 
     def check_keeper_holds_durable(self) -> None:
         try:
-            kept = set(self.m.keeper.keys())
+            kept = set(self.keeper.keys())
         except KeeperGone as exc:
             self._problem("keeper", f"keeper unreachable: {exc}")
             return
@@ -107,32 +115,32 @@ class Checker:
         for key in sorted(set(wanted) - kept):
             self._problem("keeper", f"durable '{wanted[key].path}' (id {key}) is not held by "
                           "the keeper: a daemon crash now would lose it",
-                          lambda a=wanted[key]: self.m._deposit(a))
+                          lambda a=wanted[key]: self.m.deposit(a))
         for key in sorted(kept - set(wanted)):
             self._problem("keeper", f"the keeper holds memory under id {key}, which is no "
                           "durable allocation", lambda k=key: self._withdraw(k))
 
     def _withdraw(self, key: int) -> None:
         with contextlib.suppress(KeeperGone):
-            self.m.keeper.withdraw(key)
+            self.keeper.withdraw(key)
 
     def check_holders_table(self) -> None:
-        rows = {r["id"]: r for r in self.m.registry.load_holders()}
+        rows = {r["id"]: r for r in self.registry.load_holders()}
         live = {h.id: h for a in self.m.allocations() for h in a.holders.values()}
         if set(rows) != set(live):
             self._problem("holders", f"holders table lists {sorted(rows)}, the daemon has "
                           f"{sorted(live)}", self._rewrite_holders)
 
     def _rewrite_holders(self) -> None:
-        with self.m.registry.transaction(durable=False):
-            self.m.registry.clear_holders()
+        with self.registry.transaction(durable=False):
+            self.registry.clear_holders()
             for alloc in self.m.allocations():
                 for h in alloc.holders.values():
-                    self.m.registry.add_holder(h.id, alloc.id, h.session.id, h.kind, h.pid,
-                                               h.uid, h.since_ns)
+                    self.registry.add_holder(h.id, alloc.id, h.session.id, h.kind, h.pid,
+                                             h.uid, h.since_ns)
 
     def check_tree_shape(self) -> None:
-        for node in self.m.nodes.values():
+        for node in self.m.all_nodes():
             if node.parent is None and node is not self.m.root:
                 self._problem("tree", f"node {node.id} ('{node.name}') has no parent")
             elif node.parent is not None and node.parent.children.get(node.name) is not node:

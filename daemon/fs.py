@@ -190,7 +190,7 @@ class Operations(pyfuse3.Operations):
     def _node(self, inode: int) -> Node:
         """The node behind an inode: in the tree, or unlinked but still known to the
         kernel (an open file whose name is gone)."""
-        node = self.m.nodes.get(inode) or self._known.get(inode)
+        node = self.m.node_or_none(inode) or self._known.get(inode)
         if node is None:
             raise NotFound(f"no node with inode {inode}")
         return node
@@ -248,7 +248,7 @@ class Operations(pyfuse3.Operations):
         return inode >= META_BASE
 
     def _meta_node(self, inode: int) -> Node:
-        node = self.m.nodes.get(inode - META_BASE)
+        node = self.m.node_or_none(inode - META_BASE)
         if node is None:
             raise NotFound(f"no metadata inode {inode}")
         return node
@@ -470,7 +470,7 @@ class Operations(pyfuse3.Operations):
         set-group-ID")."""
         if not node.mode & (stat.S_ISUID | stat.S_ISGID):
             return                                   # the common case: nothing to clear
-        if self.m.nodes.get(node.id) is not node:
+        if self.m.node_or_none(node.id) is not node:
             return                                   # unlinked: it has no row to change
         mode = without_setid(node, cred)
         if mode == node.mode:
@@ -543,7 +543,7 @@ class Operations(pyfuse3.Operations):
         for index in range(start_id, len(entries)):
             name, node, meta = entries[index]
             dot = index < DOTS
-            if not dot and self.m.nodes.get(node.id) is not node:
+            if not dot and self.m.node_or_none(node.id) is not node:
                 continue                       # removed since opendir
             attrs = self._meta_attrs(node) if meta else self._attrs(node)
             if not pyfuse3.readdir_reply(token, name.encode(), attrs, index + 1):
@@ -561,13 +561,13 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def statfs(self, ctx):
-        devices = self.m.backend.devices()
+        devices = self.m.devices()
         s = pyfuse3.StatvfsData()
         s.f_bsize = s.f_frsize = STATFS_BLOCK
         s.f_blocks = sum(d.total for d in devices) // STATFS_BLOCK
         s.f_bfree = s.f_bavail = sum(d.free for d in devices) // STATFS_BLOCK
         s.f_files = 1 << 32
-        s.f_ffree = s.f_favail = s.f_files - len(self.m.nodes)
+        s.f_ffree = s.f_favail = s.f_files - self.m.node_count()
         s.f_namemax = 255
         return s
 

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -28,7 +29,6 @@ from .keeper_link import KeeperGone, open_keeper
 from .manager import AllocationManager
 from .mount import Mount, MountError
 from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
-from .quotas import Quotas
 from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
 from .scrub import Scrubber
 from .server import VERSION, Server
@@ -129,11 +129,11 @@ def claim_socket(path: str) -> None:
     raise StartupError(f"another gpumemd is serving {path}")
 
 
-async def supervise_keeper(manager: AllocationManager) -> None:
+async def supervise_keeper(manager: AllocationManager, keeper) -> None:
     """Watch the keeper; if it dies, start a new one and hand it every durable fd again."""
     while True:
         try:
-            raw = manager.keeper.watch_socket()
+            raw = keeper.watch_socket()
         except (KeeperGone, OSError) as exc:   # died (or its socket went) before we watched
             log.warning("cannot watch the keeper: %s", exc)
         else:
@@ -146,10 +146,10 @@ async def supervise_keeper(manager: AllocationManager) -> None:
         log.warning("the keeper died; starting a new one and re-depositing durable memory")
         await trio.sleep(0.05)
         try:
-            manager.keeper.ensure_running()
+            keeper.ensure_running()
             count = manager.redeposit_all()
             log.info("keeper restarted (pid %s); %d durable allocations re-deposited",
-                     manager.keeper.pid, count)
+                     keeper.pid, count)
         except (KeeperGone, GpumemError, OSError) as exc:
             log.error("cannot restart the keeper: %s; retrying in 1 s", exc)
             await trio.sleep(1)
@@ -158,11 +158,10 @@ async def supervise_keeper(manager: AllocationManager) -> None:
 STALL_PROBE_SECONDS = 0.5
 
 
-async def resume_stalled_keeper(manager: AllocationManager) -> None:
+async def resume_stalled_keeper(manager: AllocationManager, keeper) -> None:
     """A keeper that stopped answering (SIGSTOP, starved) is probed from a worker thread, so
     the event loop never waits on it; once it answers, what it holds is reconciled with the
     durable allocations and durable changes work again, without a restart."""
-    keeper = manager.keeper
     while True:
         await trio.sleep(STALL_PROBE_SECONDS)
         if not keeper.stalled:
@@ -183,11 +182,10 @@ async def resume_stalled_keeper(manager: AllocationManager) -> None:
 CHECKPOINT_POLL_SECONDS = 0.1
 
 
-async def checkpoint_registry(manager: AllocationManager) -> None:
+async def checkpoint_registry(registry: Registry) -> None:
     """Keep the registry's WAL bounded: fold it into the database, and truncate it when it
     passes its limit or the daemon goes idle (Registry.checkpoint_due), on a worker thread.
     Only the TRUNCATE's last step holds up the daemon's writes (Registry.checkpoint)."""
-    registry = manager.registry
     while True:
         await trio.sleep(CHECKPOINT_POLL_SECONDS)
         mode = registry.checkpoint_due(time.monotonic())
@@ -209,9 +207,9 @@ class GroupCommit:
     allocations anyway: once the registry can be written again, its rows are rewritten from
     the tree (check's repairs), so `gpumemctl check` is clean again without a restart."""
 
-    def __init__(self, manager: AllocationManager):
+    def __init__(self, manager: AllocationManager, registry: Registry):
         self.manager = manager
-        self.registry = manager.registry
+        self.registry = registry
         self.wake = trio.Event()
         self.stale = False          # a batch was lost: rows must be rewritten from memory
         self.registry.group_commit = True
@@ -240,29 +238,28 @@ class GroupCommit:
                 await trio.sleep(1)
 
     def _resync(self) -> None:
-        from .check import Checker
-        report = Checker(self.manager).run(repair=True)
+        report = self.manager.check(repair=True)
         self.stale = False
         log.warning("the registry can be written again; %d difference(s) with memory "
                     "repaired", len(report["problems"]))
 
 
-async def run_daemon(manager: AllocationManager, server: Server,
-                     mount: Mount | None = None) -> None:
+async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | None, *,
+                     registry: Registry, keeper) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(GroupCommit(manager).run)
+            nursery.start_soon(GroupCommit(manager, registry).run)
             if server.scrubber is not None:
                 nursery.start_soon(server.scrubber.run)
             await nursery.start(server.serve)
             if mount is not None:
                 await nursery.start(mount.serve)
-            nursery.start_soon(supervise_keeper, manager)
-            nursery.start_soon(resume_stalled_keeper, manager)
-            nursery.start_soon(checkpoint_registry, manager)
+            nursery.start_soon(supervise_keeper, manager, keeper)
+            nursery.start_soon(resume_stalled_keeper, manager, keeper)
+            nursery.start_soon(checkpoint_registry, registry)
             systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
             log.info("gpumemd %s serving %s (backend %s, pid %d)", VERSION,
-                     server.socket_path, manager.backend.name, os.getpid())
+                     server.socket_path, manager.backend_name, os.getpid())
             async for signum in signals:
                 log.info("received %s; stopping", signal.Signals(signum).name)
                 systemd.notify("STOPPING=1")
@@ -394,10 +391,9 @@ def _main(args) -> int:
                              args.event_log_size)
     keeper = open_keeper(state_dir)
     backend.ecc_cache_dir = os.path.join(state_dir, "ecc-cache")   # compiled GPU kernels
-    manager = AllocationManager(registry, backend, keeper)
-    manager.fault_injection = args.enable_fault_injection
-    manager.default_ecc = args.ecc
-    manager.quotas = Quotas(manager, args.quotas)
+    manager = AllocationManager(registry, backend, keeper,
+                                fault_injection=args.enable_fault_injection,
+                                default_ecc=args.ecc, quotas=args.quotas)
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
     try:
@@ -416,13 +412,14 @@ def _main(args) -> int:
              "transients dropped", summary)
     mount_path = os.path.abspath(args.mount) if args.mount else None
     server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
-                                           "keeper_kind": keeper.kind, "mount": mount_path})
-    server.scrubber = Scrubber(manager, default_rate=args.scrub_rate)
+                                           "keeper_kind": keeper.kind, "mount": mount_path},
+                    scrubber=Scrubber(manager, default_rate=args.scrub_rate))
     mount = Mount(manager, mount_path) if mount_path else None
     try:
         if mount is not None:
             mount.open()
-        trio.run(run_daemon, manager, server, mount)
+        trio.run(functools.partial(run_daemon, manager, server, mount,
+                                   registry=registry, keeper=keeper))
     finally:
         if mount is not None:
             mount.close()

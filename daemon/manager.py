@@ -25,7 +25,7 @@ import logging
 import os
 import sqlite3
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from gpumemctl.protocol.defaults import DIR_MODE, FILE_MODE
 from gpumemctl.protocol import (Busy, Exists, InternalError, InvalidState, NoMemory,
@@ -33,6 +33,7 @@ from gpumemctl.protocol import (Busy, Exists, InternalError, InvalidState, NoMem
                                 check_component, round_up, split_path)
 
 from .backends import Backend
+from .check import Checker
 from .describe import damaged_ranges, describe
 from .keeper_link import KeeperGone, KeeperStalled
 from .nodes import Allocation, Directory, Holder, Node, walk
@@ -88,7 +89,15 @@ def check_mode(mode: int) -> int:
 
 
 class AllocationManager:
-    def __init__(self, registry: Registry, backend: Backend, keeper):
+    def __init__(self, registry: Registry, backend: Backend, keeper, *,
+                 fault_injection: bool = False, default_ecc: str = "rs",
+                 quotas: dict[int, int] | None = None):
+        """`fault_injection`: gpumemd --enable-fault-injection (debug_corrupt); `default_ecc`:
+        the ECC of creates that name none (config `ecc`); `quotas`: uid -> the capacity in
+        bytes that uid's allocations may hold (config [quotas])."""
+        if default_ecc not in ECC_MODES:
+            raise ValueError(f"invalid default ecc {default_ecc!r}: expected one of "
+                             f"{', '.join(ECC_MODES)}")
         self.registry = registry
         self.backend = backend
         self.keeper = keeper
@@ -113,9 +122,9 @@ class AllocationManager:
         # watcher.attrs_changed(node_id).
         self.watchers: list = []
         self.parity = Parity(backend)
-        self.fault_injection = False         # gpumemd --enable-fault-injection
-        self.default_ecc = "rs"              # for creates that name none (config `ecc`)
-        self.quotas = Quotas(self)           # per-uid capacity limits (config [quotas])
+        self.fault_injection = fault_injection
+        self.default_ecc = default_ecc
+        self.quotas = Quotas(self, quotas)   # per-uid capacity limits
 
     # =====================================================================================
     # start and stop
@@ -1856,6 +1865,15 @@ class AllocationManager:
         with self._change(durable=False):
             self._event(kind, None, None, **detail)
 
+    def meta(self, key: str) -> str | None:
+        """A value save_meta stored (the scrubber's state), or None."""
+        return self.registry.meta(key)
+
+    @property
+    def chunk_blocks(self) -> int:
+        """The blocks of one piece of ECC work (verify_steps yields after each)."""
+        return self.parity.chunk_blocks
+
     def save_meta(self, key: str, value: str) -> None:
         with self._change(durable=False):
             self.registry.set_meta(key, value)
@@ -1903,6 +1921,120 @@ class AllocationManager:
             "sessions": len(self.sessions),
             "holders": sum(len(a.holders) for a in allocs),
         }
+
+    def bytes_held_per_device(self) -> dict[str, int]:
+        """Device UUID -> the bytes our allocations (memory and parity) hold on it."""
+        ours: dict[str, int] = {}
+        for alloc in self.allocations():
+            if alloc.buffer is not None:
+                parity = alloc.parity.capacity if alloc.parity is not None else 0
+                ours[alloc.device] = ours.get(alloc.device, 0) + alloc.capacity + parity
+        return ours
+
+    @staticmethod
+    def protected_bytes(alloc: Allocation) -> int:
+        """The bytes of `alloc` that ECC protects now: its size when it has rs parity and
+        memory, else none (what a verify of it goes through)."""
+        if alloc.ecc != "rs" or alloc.state not in ("ready", "degraded"):
+            return 0
+        return alloc.size or 0
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    def devices(self) -> list:
+        """The backend's devices (daemon/backends DeviceInfo), as it sees them now."""
+        return self.backend.devices()
+
+    def keeper_info(self) -> dict:
+        return self.keeper.info()
+
+    def quota_report(self, uid: int | None = None) -> list[dict]:
+        """Each per-uid limit with its use (only `uid`'s, when given)."""
+        return self.quotas.report(uid)
+
+    def node_or_none(self, node_id: int) -> Node | None:
+        """The live node with this id (inode), or None."""
+        return self.nodes.get(node_id)
+
+    def all_nodes(self) -> list[Node]:
+        return list(self.nodes.values())
+
+    def node_count(self) -> int:
+        return len(self.nodes)
+
+    def may_search_to(self, node: Node, cred: Credentials) -> bool:
+        """Whether `cred` has search (x) permission on every directory above `node`: where
+        it could look the node up (a removed node is judged by the directories it was in)."""
+        directory = node.parent
+        while directory is not None:
+            try:
+                require(directory, cred, X)
+            except PermissionDenied:
+                return False
+            directory = directory.parent
+        return True
+
+    # =====================================================================================
+    # the event log, observers and check
+    # =====================================================================================
+    def events(self, *, since: int, limit: int, path: str | None = None,
+               uid: int | None = None) -> list[dict]:
+        """Logged events after `since`, oldest first, at most `limit`; with `path`, those
+        at or under it; with `uid`, only that user's and the daemon-wide ones."""
+        return self.registry.events(since=since, limit=limit, path=path, uid=uid)
+
+    def last_event_id(self) -> int:
+        """The id of the newest logged event (0 when the log is empty)."""
+        return self.registry.last_event_id()
+
+    @contextlib.contextmanager
+    def observing(self, on_event: Callable[[dict], None],
+                  on_change: Callable[[Node], None] | None = None) -> Iterator[None]:
+        """While inside: `on_event(event)` for each event once it committed, and, when
+        given, `on_change(node)` for each node a monitor should redraw (_node_changed)."""
+        self.subscribers.add(on_event)
+        if on_change is not None:
+            self.change_listeners.add(on_change)
+        try:
+            yield
+        finally:
+            self.subscribers.discard(on_event)
+            if on_change is not None:
+                self.change_listeners.discard(on_change)
+
+    def add_watcher(self, watcher) -> None:
+        """A watcher of what the kernel may cache (daemon/fs.py): told entry_changed(
+        parent_id, name) and attrs_changed(node_id), and settled after each request."""
+        self.watchers.append(watcher)
+
+    def remove_watcher(self, watcher) -> None:
+        with contextlib.suppress(ValueError):
+            self.watchers.remove(watcher)
+
+    async def settle_watchers(self) -> None:
+        """Let every watcher pass its pending invalidations on (the mount learns of a
+        socket-side change before the socket client hears the answer)."""
+        for watcher in list(self.watchers):
+            await watcher.settle()
+
+    def deposit(self, alloc: Allocation) -> None:
+        """Hand `alloc`'s memory (and parity) to the keeper again (check's repair)."""
+        self._deposit(alloc)
+
+    def check(self, repair: bool = False, *,
+              integrity_errors: list[str] | None = None) -> dict:
+        """`gpumemctl check` (daemon/check.py). `integrity_errors`: SQLite's integrity
+        check, made beforehand off the event loop (registry_integrity_errors); None makes
+        it here."""
+        return Checker(self, self.registry, self.keeper).run(
+            repair=repair, integrity_errors=integrity_errors)
+
+    def registry_integrity_errors(self) -> list[str]:
+        """SQLite's integrity check of the registry on a read-only connection of its own:
+        safe on a worker thread while the loop goes on changing the registry."""
+        return self.registry.integrity_errors_readonly()
 
 
 __all__ = ["AllocationManager", "check_component"]

@@ -8,7 +8,6 @@ another filesystem.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -109,7 +108,7 @@ class Mount:
         except RuntimeError as exc:
             raise MountError(f"cannot mount {self.path}: {exc} (is /dev/fuse there, and "
                              "fusermount3 installed?)") from None
-        self.manager.watchers.append(self.ops)
+        self.manager.add_watcher(self.ops)
         self.ops.mounted = True
         log.info("mounted %s", self.path)
 
@@ -135,8 +134,7 @@ class Mount:
         if not self.ops.mounted:
             return
         self.ops.mounted = False
-        with contextlib.suppress(ValueError):
-            self.manager.watchers.remove(self.ops)
+        self.manager.remove_watcher(self.ops)
         pyfuse3.close(unmount=True)
         self.manager.close_session(self.session)
         log.info("unmounted %s", self.path)

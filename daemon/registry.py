@@ -29,6 +29,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
+from urllib.parse import quote
 
 SCHEMA_VERSION = 5
 ROOT_ID = 1
@@ -579,6 +580,20 @@ class Registry:
 
     def integrity_errors(self) -> list[str]:
         rows = self.db.execute("PRAGMA integrity_check").fetchall()
+        return [r[0] for r in rows if r[0] != "ok"]
+
+    def integrity_errors_readonly(self) -> list[str]:
+        """integrity_errors() on a read-only connection of its own, so that it may run in a
+        worker thread (it reads every page: most of a second for a large registry) while
+        the daemon's connection keeps committing: in WAL mode a reader sees the last
+        commit before it began and blocks no writer."""
+        db = sqlite3.connect(f"file:{quote(self.path)}?mode=ro", uri=True,
+                             isolation_level=None)
+        try:
+            db.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            rows = db.execute("PRAGMA integrity_check").fetchall()
+        finally:
+            db.close()
         return [r[0] for r in rows if r[0] != "ok"]
 
     def close(self) -> None:

@@ -52,7 +52,7 @@ class Scrubber:
 
     # ---- persisted state ----------------------------------------------------------------
     def _load(self) -> dict:
-        raw = self.m.registry.meta(META_KEY)
+        raw = self.m.meta(META_KEY)
         if raw:
             try:
                 state = json.loads(raw)
@@ -155,7 +155,7 @@ class Scrubber:
         rate = self.state.get("rate")
         if rate:
             # Sleep until this piece's bytes fit under the rate.
-            await trio.sleep(min(1.0, self.m.parity.chunk_blocks * BLOCK / rate))
+            await trio.sleep(min(1.0, self.m.chunk_blocks * BLOCK / rate))
         else:
             await trio.sleep(took * (1 - DUTY) / DUTY)
 

@@ -45,7 +45,7 @@ async def durable(call: Call) -> Reply:
 async def open_(call: Call) -> Reply:
     holder, fd, node = call.manager.open(call.args["path"], call.session.cred, call.session,
                                          call.args["mode"])
-    return {"handle": holder.id, "info": node, "backend": call.manager.backend.name}, [fd]
+    return {"handle": holder.id, "info": node, "backend": call.manager.backend_name}, [fd]
 
 
 async def close(call: Call) -> Reply:
@@ -57,7 +57,7 @@ async def close(call: Call) -> Reply:
 async def attach(call: Call) -> Reply:
     holder, fd, node = call.manager.attach(call.args["path"], call.session.cred,
                                            call.session, call.args["mode"])
-    return {"handle": holder.id, "info": node, "backend": call.manager.backend.name}, [fd]
+    return {"handle": holder.id, "info": node, "backend": call.manager.backend_name}, [fd]
 
 
 async def detach(call: Call) -> Reply:

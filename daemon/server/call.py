@@ -8,10 +8,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from gpumemctl.protocol import PermissionDenied
-
 from ..nodes import Node
-from ..permissions import X, require
 from ..sessions import Session
 
 if TYPE_CHECKING:
@@ -52,17 +49,8 @@ def event_visible(session: Session, event: dict) -> bool:
     return privileged(session) or event["uid"] == session.cred.uid or event["node"] is None
 
 
-def node_visible(session: Session, node: Node) -> bool:
+def node_visible(call: Call, node: Node) -> bool:
     """Whether a `changed` frame may name this node to the session: where it could `info` it
     (search permission on every directory above it; the privileged see all). A removed node
     is judged by the directories it was in."""
-    if privileged(session):
-        return True
-    directory = node.parent
-    while directory is not None:
-        try:
-            require(directory, session.cred, X)
-        except PermissionDenied:
-            return False
-        directory = directory.parent
-    return True
+    return privileged(call.session) or call.manager.may_search_to(node, call.session.cred)

@@ -45,7 +45,7 @@ class Server:
     def __init__(self, manager: AllocationManager, socket_path: str, info: dict, *,
                  scrubber: Scrubber | None = None):
         self.manager = manager
-        self.scrubber = scrubber      # daemon/scrub.py (gpumemd may also set it after)
+        self.scrubber = scrubber      # daemon/scrub.py
         self.socket_path = socket_path
         self.info = info              # daemon facts for hello/status
         self.started = time.time()
@@ -96,7 +96,7 @@ class Server:
         session = self.manager.open_session(conn.cred, client)
         await conn.answer(msg.get("id"), {
             "version": PROTOCOL_VERSION, "daemon": f"gpumemd {VERSION}", "pid": os.getpid(),
-            "backend": self.manager.backend.name, "session": session.id})
+            "backend": self.manager.backend_name, "session": session.id})
         return session
 
     # ---- one request ------------------------------------------------------------------------
@@ -117,8 +117,7 @@ class Server:
                 call.progress = streams.progress_sender(conn, rid)
             assert op.handler is not None
             result, out_fds = await op.handler(call)
-            for watcher in self.manager.watchers:   # the mount learns of it first
-                await watcher.settle()
+            await self.manager.settle_watchers()    # the mount learns of it first
         except GpumemError as exc:
             await conn.fail(rid, exc)
             return True

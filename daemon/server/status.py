@@ -22,14 +22,14 @@ async def status(call: Call) -> Reply:
     return {
         "daemon": {**server.info, "pid": os.getpid(), "version": VERSION,
                    "uptime_s": round(time.time() - server.started, 3),
-                   "backend": m.backend.name},
-        "keeper": m.keeper.info(),
+                   "backend": m.backend_name},
+        "keeper": m.keeper_info(),
         "devices": await devices_with_telemetry(m),
         "totals": m.totals(),
         "scrub": scrub_summary(server.scrubber),
         # Per-uid limits and use (config [quotas]): all of them for root and the daemon's
         # user, one's own for anyone else.
-        "quotas": m.quotas.report(own_uid_unless_privileged(call.session)),
+        "quotas": m.quota_report(own_uid_unless_privileged(call.session)),
     }, []
 
 
@@ -37,25 +37,15 @@ async def devices(call: Call) -> Reply:
     return {"devices": await devices_with_telemetry(call.manager)}, []
 
 
-def bytes_held_per_device(manager: Any) -> dict[str, int]:
-    """Device UUID -> the bytes our allocations (memory and parity) hold on it."""
-    ours: dict[str, int] = {}
-    for alloc in manager.allocations():
-        if alloc.buffer is not None:
-            parity = alloc.parity.capacity if alloc.parity is not None else 0
-            ours[alloc.device] = ours.get(alloc.device, 0) + alloc.capacity + parity
-    return ours
-
-
 async def devices_with_telemetry(manager: Any) -> list[dict]:
     """The backend's devices, the bytes our allocations hold on each, and NVML telemetry.
     The NVML snapshot is taken on a worker thread: a slow driver never stalls the server.
-    (`manager` is Any: tests/unit/test_nvml.py passes a stand-in with only a backend and
-    allocations().)"""
-    ours = bytes_held_per_device(manager)
-    backend = manager.backend.name
+    (`manager` is Any: tests/unit/test_nvml.py passes a stand-in with only backend_name,
+    devices() and bytes_held_per_device().)"""
+    ours = manager.bytes_held_per_device()
+    backend = manager.backend_name
     listed = [{**d.to_dict(), "backend": backend, "ours": ours.get(d.uuid, 0)}
-              for d in manager.backend.devices()]
+              for d in manager.devices()]
     if backend == "host":          # memfd memory: there is no GPU to ask about
         return [{**d, **nvml.unavailable_fields("the host backend has no GPU")}
                 for d in listed]

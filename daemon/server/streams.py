@@ -30,7 +30,7 @@ COALESCE_SECONDS = 0.05     # `subscribe`: at most one `changed` frame per this,
 
 async def events(call: Call) -> Reply:
     a = call.args
-    found = call.manager.registry.events(
+    found = call.manager.events(
         since=a["since"], limit=a["limit"], path=a["path"],
         uid=own_uid_unless_privileged(call.session))
     return {"events": found}, []
@@ -45,10 +45,10 @@ async def follow_events(call: Call, conn: Connection) -> None:
 async def subscribe(call: Call, conn: Connection) -> None:
     """`subscribe`: the backlog (events after `since`; none without it) and the newest
     event id, then events as they commit and coalesced `changed` frames."""
-    since, registry = call.args["since"], call.manager.registry
-    backlog = [] if since is None else registry.events(
+    since, manager = call.args["since"], call.manager
+    backlog = [] if since is None else manager.events(
         since=since, limit=call.args["limit"], uid=own_uid_unless_privileged(call.session))
-    answer = {"events": backlog, "last_event": registry.last_event_id()}
+    answer = {"events": backlog, "last_event": manager.last_event_id()}
     await stream(call, conn, answer, changes=True)
 
 
@@ -105,7 +105,7 @@ class _Outbox:
 
     def take_changed(self) -> list[Node]:
         """The changed nodes this session may see; the set starts again empty."""
-        nodes = [n for n in self.pending.values() if node_visible(self.call.session, n)]
+        nodes = [n for n in self.pending.values() if node_visible(self.call, n)]
         self.pending.clear()
         return nodes
 
@@ -117,13 +117,9 @@ async def stream(call: Call, conn: Connection, answer: dict, *, changes: bool) -
     COALESCE_SECONDS, naming every node changed since the last one. A client too slow to
     keep the outbox from filling is cut off: its connection is closed (the frame being
     written when it happens is left unfinished)."""
-    manager = call.manager
     with trio.CancelScope() as cut_off:
         outbox = _Outbox(call, cut_off)
-        manager.subscribers.add(outbox.deliver)
-        if changes:
-            manager.change_listeners.add(outbox.changed)
-        try:
+        with call.manager.observing(outbox.deliver, outbox.changed if changes else None):
             await conn.answer(call.rid, answer)
             async with trio.open_nursery() as nursery:
                 async def hang_up_watch() -> None:
@@ -135,9 +131,6 @@ async def stream(call: Call, conn: Connection, answer: dict, *, changes: bool) -
                 except PEER_GONE:
                     pass                # the client went away mid-frame
                 nursery.cancel_scope.cancel()
-        finally:
-            manager.subscribers.discard(outbox.deliver)
-            manager.change_listeners.discard(outbox.changed)
 
 
 async def _send_outbox(call: Call, conn: Connection, outbox: _Outbox) -> None:

@@ -10,7 +10,6 @@ import trio
 from gpumemctl.protocol import InternalError, PermissionDenied, UsageError
 from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
 
-from ..check import Checker
 from ..ecc.layout import BLOCK
 from ..nodes import Allocation
 from .call import Call, ProgressSend, Reply, privileged
@@ -37,7 +36,8 @@ async def verify_all(call: Call, targets: list[Allocation], repair: bool) -> lis
     steps = call.manager.verify_steps
     if call.progress is None:
         return [await drive(steps(t, repair)) for t in targets]
-    meter = EccProgress(targets, call.progress)
+    meter = EccProgress([call.manager.protected_bytes(t) for t in targets], targets,
+                        call.progress)
     await meter.report(force=True)
     results = []
     for i, target in enumerate(targets):
@@ -79,7 +79,12 @@ async def check(call: Call) -> Reply:
     repair = call.args["repair"]
     if repair and not privileged(call.session):
         raise PermissionDenied("permission denied: only root or the daemon's user may repair")
-    return Checker(call.manager).run(repair=repair), []
+    # SQLite's integrity check reads the whole registry (most of a second when it is large):
+    # on a worker thread, with a read-only connection of its own, while the loop serves
+    # everyone else. The other checks compare in-memory state: on the loop, in one go, so
+    # that no change lands between their reads.
+    integrity_errors = await trio.to_thread.run_sync(call.manager.registry_integrity_errors)
+    return call.manager.check(repair, integrity_errors=integrity_errors), []
 
 
 async def debug_corrupt(call: Call) -> Reply:
@@ -99,20 +104,15 @@ class EccProgress:
     with ECC and memory) of all targets at the start; `done_bytes` never decreases and
     never passes it, whatever the allocations do meanwhile (grow, shrink, go away)."""
 
-    def __init__(self, targets: list[Allocation], send: ProgressSend):
+    def __init__(self, sizes: list[int], targets: list[Allocation], send: ProgressSend):
+        """`sizes`: the protected bytes of each target now (manager.protected_bytes)."""
         self.targets, self.send = targets, send
-        self.sizes = [self.protected_bytes(t) for t in targets]
+        self.sizes = sizes
         self.total = sum(self.sizes)
         self.index = 0              # the allocation being verified
         self.base = 0               # protected bytes of the allocations finished
         self.current = 0            # bytes of the current one checked so far
         self.last = -float("inf")
-
-    @staticmethod
-    def protected_bytes(alloc: Allocation) -> int:
-        if alloc.ecc != "rs" or alloc.state not in ("ready", "degraded"):
-            return 0
-        return alloc.size or 0
 
     def begin(self, index: int) -> None:
         self.index, self.current = index, 0

@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-from daemon.check import Checker
 from gpumemctl.protocol import Busy, Exists, InvalidState, NoMemory, NotFound, UsageError
 from tests.sizes import MiB, with_parity
 
@@ -170,11 +169,11 @@ def test_check_finds_and_repairs_hand_made_damage(world):
     db.execute("INSERT INTO nodes (parent, name, kind, uid, gid, mode, created_ns, modified_ns,"
                " changed_ns) VALUES (1, 'ghost', 'dir', 0, 0, 493, 0, 0, 0)")
     m.keeper.withdraw(a_id)
-    report = Checker(m).run()
+    report = m.check()
     found = sorted(p["check"] for p in report["problems"])
     assert found == ["keeper", "registry_rows", "registry_rows", "registry_rows"], report
     assert all(not p["repaired"] for p in report["problems"])
-    report = Checker(m).run(repair=True)
+    report = m.check(repair=True)
     assert all(p["repaired"] for p in report["problems"])
     clean(m)
     # The repair was real: the durable allocation survives a crash again.

@@ -153,10 +153,8 @@ def test_server_merges_telemetry_for_a_gpu_backend_off_the_event_loop():
 
     dev = DeviceInfo(index=0, uuid="GPU-00000000-0000-0000-0000-00000000beef",
                      name="stand-in GPU", total=8 << 30, free=6 << 30, granularity=2 << 20)
-    backend = types.SimpleNamespace(name="cuda", devices=lambda: [dev])
-    alloc = types.SimpleNamespace(buffer=object(), device=dev.uuid, capacity=4 << 20,
-                                  parity=None)
-    manager = types.SimpleNamespace(backend=backend, allocations=lambda: [alloc])
+    manager = types.SimpleNamespace(backend_name="cuda", devices=lambda: [dev],
+                                    bytes_held_per_device=lambda: {dev.uuid: 4 << 20})
     server = Server(manager, "/nonexistent.sock", {})
     [entry] = trio.run(server._devices)
     assert entry["ours"] == 4 << 20 and entry["backend"] == "cuda"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 from daemon.backends.host import HostBackend
-from daemon.check import Checker
 from daemon.manager import AllocationManager
 from daemon.permissions import Credentials
 from daemon.registry import Registry
@@ -54,5 +53,5 @@ class World:
 
 def clean(m):
     """`check` finds nothing wrong (registry, tree, backend and keeper agree)."""
-    report = Checker(m).run()
+    report = m.check()
     assert report["clean"], report["problems"]
