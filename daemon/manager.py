@@ -20,12 +20,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import json
 import logging
 import os
-import sqlite3
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 from gpumemctl.protocol.defaults import DIR_MODE, FILE_MODE
 from gpumemctl.protocol import (Busy, Exists, InternalError, InvalidState, NoMemory,
@@ -35,10 +33,10 @@ from gpumemctl.protocol import (Busy, Exists, InternalError, InvalidState, NoMem
 from .backends import Backend
 from .check import Checker
 from .describe import damaged_ranges, describe
+from .journal import Journal
 from .keeper_link import KeeperGone, KeeperStalled
 from .nodes import Allocation, Directory, Holder, Node, walk
 from .ecc.layout import BLOCK
-from .events import LINE_PATH_LIMIT, bound_detail, cut
 from .orphans import (POLICIES, RECOVERY_DIR, OrphansHeld, capacity_of, classify,
                       entry_name, held)
 from .parity import Parity, block_range, protected_blocks
@@ -73,15 +71,6 @@ SEALED, UNSEALED, WRITING = 0, 1, 2           # setattr(mtime_ns=NOW): utimensat
 DAEMON = Credentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 
 
-def _log_value(value) -> str:
-    """A value for a one-line log record: as it is when plain, JSON-quoted when it holds
-    whitespace other than spaces, or unprintable characters."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return json.dumps(text)
-
-
 def check_mode(mode: int) -> int:
     if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
         raise UsageError(f"invalid mode {mode!r}: expected octal permission bits 0000-7777")
@@ -103,18 +92,9 @@ class AllocationManager:
         self.keeper = keeper
         self.nodes: dict[int, Node] = {}
         self.root: Directory | None = None
-        self.subscribers: set[Callable[[dict], None]] = set()
-        # Told of every node a monitor should redraw (holders, state, size, damage, seal,
-        # names), logged as an event or not: listener(node). The socket server's `subscribe`
-        # coalesces these per subscriber. Unlike `watchers` (the mount's kernel caches) they
-        # cost nothing but a set test while nobody listens. See _node_changed.
-        self.change_listeners: set[Callable[[Node], None]] = set()
+        # The unit of work: transactions with their undo log, events, observers.
+        self.journal = Journal(registry)
         self._holder_ids = itertools.count(1)
-        self._pending_events: list[dict] = []
-        self._pending_nodes: list[Node] = []   # nodes of those events, for _node_changed
-        # The undo log of the open transaction: how to take back each in-memory change it
-        # made, run newest first when any statement or the commit fails (_change).
-        self._undo_log: list[Callable[[], None]] = []
         self.sessions: dict[int, Session] = {}
         self._dirty: set[int] = set()        # ids whose size/times await flush_times()
         # Callbacks told about changes the kernel may have cached (daemon/fs.py invalidates
@@ -146,14 +126,14 @@ class AllocationManager:
                    "transients_dropped": 0}
         damage = self.registry.damage()
         recovered: dict[int, list[int]] = {}
-        with self._change(durable=True):
+        with self.journal.change(durable=True):
             self.registry.clear_holders()
             if kept or strays:      # no new id may alias a key the keeper holds
                 self.registry.reserve_node_ids(max(abs(k) for k in [*kept, *strays]))
             for alloc in [n for n in self.nodes.values() if isinstance(n, Allocation)]:
                 if not alloc.durable:
                     self._forget_node(alloc)
-                    self._event("drop", alloc, None, reason="transient after restart")
+                    self.journal.event("drop", alloc, None, reason="transient after restart")
                     summary["transients_dropped"] += 1
                 elif alloc.capacity is None:
                     continue  # durable but pending: there is no memory to adopt
@@ -174,7 +154,7 @@ class AllocationManager:
                     self._free_orphan(key, fds, "freed as told (--free-orphans)")
                     summary["orphans_freed"] += 1
             summary["parity_rebuilt_blocks"] = self._settle_parity(damage)
-            self._event("start", None, None, backend=self.backend.name, **summary)
+            self.journal.event("start", None, None, backend=self.backend.name, **summary)
         for key in recovered:       # committed under new ids: the old keys may go now
             with contextlib.suppress(KeeperGone):
                 self.keeper.withdraw(key)
@@ -238,7 +218,7 @@ class AllocationManager:
                 # left; bring the parity to it rather than "repair" the data back.
                 rebuilt += self.parity.encode(alloc, 0, alloc.size or 0)
                 self._writes_synced(alloc)
-                self._event("parity", alloc, None, action="rebuilt",
+                self.journal.event("parity", alloc, None, action="rebuilt",
                             reason="writes were in flight at an unclean stop")
         if rebuilt:
             log.info("parity rebuilt for %d blocks", rebuilt)
@@ -253,7 +233,7 @@ class AllocationManager:
         if alloc.writing or alloc.unsealed or alloc.parity is None or not alloc.durable \
                 or alloc.unlinked:
             return
-        with self._change(durable=True):
+        with self.journal.change(durable=True):
             self.registry.update_node(alloc.id, unsealed=WRITING)
         alloc.writing = True
 
@@ -262,7 +242,7 @@ class AllocationManager:
             return
         alloc.writing = False
         if not alloc.unlinked:
-            with self._change(durable=False):
+            with self.journal.change(durable=False):
                 self.registry.update_node(alloc.id, unsealed=SEALED)
 
     def _load_tree(self) -> None:
@@ -322,7 +302,7 @@ class AllocationManager:
             if alloc.state in ("lost", "pending"):
                 alloc.state = "ready"
                 self.registry.update_node(alloc.id, state="ready")
-            self._event("adopt", alloc, None, capacity=alloc.capacity)
+            self.journal.event("adopt", alloc, None, capacity=alloc.capacity)
             return True
         self._mark_lost(alloc, f"re-adoption failed: {error}")
         return False
@@ -346,7 +326,7 @@ class AllocationManager:
         alloc.state = "lost"
         alloc.buffer = None
         self.registry.update_node(alloc.id, state="lost")
-        self._event("lost", alloc, None, reason=reason)
+        self.journal.event("lost", alloc, None, reason=reason)
         log.warning("allocation %s (id %d) is lost: %s", alloc.path, alloc.id, reason)
 
     def _free_orphan(self, key: int, fds: list[int], reason: str = "crash residue") -> None:
@@ -357,7 +337,7 @@ class AllocationManager:
             os.close(fd)
         with contextlib.suppress(KeeperGone):
             self.keeper.withdraw(key)
-        self._event("orphan", None, None, key=key,
+        self.journal.event("orphan", None, None, key=key,
                     reason=f"the keeper held memory the registry does not list; {reason}")
         log.warning("freed the memory the keeper held under key %d, which the registry does "
                     "not list (%s)", key, reason)
@@ -407,7 +387,7 @@ class AllocationManager:
             capacity=capacity, device=dev.uuid, durable=True, state="ready",
             ecc="rs" if len(fds) > 1 else "none", buffer=buf)
         self._deposit(alloc)
-        self._event("adopt", alloc, None, capacity=capacity, key=key, recovered=True)
+        self.journal.event("adopt", alloc, None, capacity=capacity, key=key, recovered=True)
         log.warning("re-registered the memory the keeper held under key %d as '%s'", key,
                     alloc.path)
         return True
@@ -426,7 +406,7 @@ class AllocationManager:
             node = parent.children.get(name)
             if node is None:
                 made = self._insert_node(Directory, parent, name, DAEMON, 0o700)
-                self._event("mkdir", made, None, mode="0700")
+                self.journal.event("mkdir", made, None, mode="0700")
                 return made
             if reuse and isinstance(node, Directory) and node.uid == DAEMON.uid \
                     and not node.mode & 0o077:
@@ -435,131 +415,15 @@ class AllocationManager:
 
     def shutdown(self) -> None:
         """Clean stop: transient memory goes, durable memory stays with the keeper."""
-        with self._change(durable=False):
+        with self.journal.change(durable=False):
             for alloc in [n for n in self.nodes.values() if isinstance(n, Allocation)]:
                 if not alloc.durable:
                     self._forget_node(alloc)
             self.registry.clear_holders()
-            self._event("stop", None, None)
+            self.journal.event("stop", None, None)
         for alloc in [n for n in self.nodes.values() if isinstance(n, Allocation)]:
             self._free_buffer(alloc)
         self.keeper.close()
-
-    # =====================================================================================
-    # events and transactions
-    # =====================================================================================
-    @contextlib.contextmanager
-    def _change(self, *, durable: bool, batch: bool = False):
-        """A registry transaction; its events reach subscribers only once it committed.
-        `batch`: the change concerns only transient allocations (gone after any restart),
-        so it may wait for the registry's group commit (Registry.transaction)."""
-        outer = not self.registry._in_txn
-        if outer:
-            self._undo_log = []
-        try:
-            with self.registry.transaction(durable=durable, batch=batch):
-                yield
-        except BaseException as exc:
-            if outer:
-                self._pending_events.clear()
-                self._pending_nodes.clear()
-                self._roll_back_memory()
-                if isinstance(exc, sqlite3.Error):
-                    raise self._registry_failed(exc) from exc
-            raise
-        if outer:
-            self._undo_log = []
-            events, self._pending_events = self._pending_events, []
-            nodes, self._pending_nodes = self._pending_nodes, []
-            for event in events:
-                self._publish(event)
-            for node in nodes:          # after the events: a monitor reads them first
-                self._notify_changed(node)
-
-    def _registry_failed(self, exc: sqlite3.Error) -> InternalError:
-        """A registry statement or its commit failed (a full state disk, an I/O error): the
-        change was rolled back whole, and the client hears so in one line. Service goes on
-        by itself once the registry can be written again."""
-        where = os.path.dirname(self.registry.path) or "."
-        full = "full" in str(exc)
-        log.warning("a change was rolled back: the registry could not be written: %s", exc)
-        return InternalError(
-            f"the registry could not record the change ({exc}); nothing was changed"
-            + (f": free space in {where}" if full else ""),
-            details={"errno": "ENOSPC" if full else "EIO"})
-
-    def _roll_back_memory(self) -> None:
-        """The registry rolled back: take back every in-memory change of the transaction
-        (tree, node fields, the keeper's deposits), newest first, so that memory, tree,
-        registry and keeper agree again. One failing step does not stop the others."""
-        undo, self._undo_log = self._undo_log, []
-        for step in reversed(undo):
-            try:
-                step()
-            except Exception:  # noqa: BLE001 - logged; the remaining steps still run
-                log.exception("rolling back an in-memory change failed")
-
-    def _on_rollback(self, step: Callable[[], None]) -> None:
-        """Register how to take back an in-memory change made inside a transaction."""
-        if self.registry._in_txn:
-            self._undo_log.append(step)
-
-    def _keep(self, obj: object, *attrs: str) -> None:
-        """Before changing these attributes inside a transaction: restore them on rollback."""
-        saved = [(attr, getattr(obj, attr)) for attr in attrs]
-
-        def restore() -> None:
-            for attr, value in saved:
-                setattr(obj, attr, value)
-        self._on_rollback(restore)
-
-    def _event(self, kind: str, node: Node | None, cred: Credentials | None, /,
-               **detail) -> None:
-        """Record an event in the open transaction; it is published once that commits.
-        The first three are positional-only: `detail` may come from a client (`close`'s
-        `written`), and a key named like them must reach bound_detail, not clash."""
-        now = time.time_ns()
-        path = node.path if node is not None else None
-        detail = bound_detail(kind, detail)       # schema and size (daemon/events.py)
-        event_id = self.registry.add_event(
-            kind, node.id if node else None, path, cred.uid if cred else None,
-            cred.pid if cred else None, detail, now)
-        self._pending_events.append({
-            "id": event_id, "time_ns": now, "kind": kind, "node": node.id if node else None,
-            "path": path, "uid": cred.uid if cred else None,
-            "pid": cred.pid if cred else None, "detail": detail})
-        if node is not None:
-            self._node_changed(node)
-
-    def _node_changed(self, node: Node) -> None:
-        """Tell the change listeners that a monitor showing `node` should redraw it. Called
-        for every event about a node once it committed (create, remove, rename, resize,
-        state, damage, seal, ...: see _change) and directly for the changes no event
-        records: holders added or dropped, `unsealed` set by attach, the size grown by a
-        write within the capacity, the entries of a directory. A notice for a change that
-        then rolls back is harmless (a redraw). Inside a transaction the notice waits for
-        its commit, so it follows the transaction's events."""
-        if not self.change_listeners:
-            return
-        if self.registry._in_txn:
-            self._pending_nodes.append(node)
-        else:
-            self._notify_changed(node)
-
-    def _notify_changed(self, node: Node) -> None:
-        for listener in list(self.change_listeners):
-            listener(node)
-
-    def _publish(self, event: dict) -> None:
-        """Hand a committed event to the subscribers, and log it: exactly one line at info
-        per event-log entry (names may hold newlines: _log_value escapes them)."""
-        who = f" uid={event['uid']} pid={event['pid']}" if event["uid"] is not None else ""
-        detail = " ".join(f"{k}={_log_value(v)}" for k, v in event["detail"].items())
-        path = cut(event["path"] or "-", LINE_PATH_LIMIT)     # details are bounded already
-        log.info("event %s %s%s%s", event["kind"], _log_value(path), who,
-                 " " + detail if detail else "")
-        for callback in list(self.subscribers):
-            callback(event)
 
     # =====================================================================================
     # lookups
@@ -641,7 +505,7 @@ class AllocationManager:
         for name in names:
             require(parent, cred, W | X, "create entries in")
             parent = self._insert_node(Directory, parent, name, cred, mode)
-            self._event("mkdir", parent, cred, mode=f"{mode:04o}")
+            self.journal.event("mkdir", parent, cred, mode=f"{mode:04o}")
         return parent
 
     def _insert_node(self, cls, parent: Directory, name: str, cred: Credentials, mode: int,
@@ -668,7 +532,7 @@ class AllocationManager:
                              "allocation details there)", details={"errno": "EPERM"})
 
     def _link(self, parent: Directory, node: Node, now: int) -> None:
-        self._keep(parent, "modified_ns", "changed_ns")
+        self.journal.keep(parent, "modified_ns", "changed_ns")
         self.nodes[node.id] = node
         parent.add_child(node)
 
@@ -676,24 +540,24 @@ class AllocationManager:
             if parent.children.get(node.name) is node:
                 parent.remove_child(node.name)
             self.nodes.pop(node.id, None)
-        self._on_rollback(unlink)
+        self.journal.on_rollback(unlink)
         parent.modified_ns = parent.changed_ns = now
         self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
-        self._node_changed(parent)
+        self.journal.node_changed(parent)
 
     def _unlink(self, node: Node) -> None:
         now = time.time_ns()
         parent = node.parent
         if self.nodes.get(node.id) is node:
-            self._on_rollback(lambda: self.nodes.__setitem__(node.id, node))
+            self.journal.on_rollback(lambda: self.nodes.__setitem__(node.id, node))
         if parent is not None and parent.children.get(node.name) is node:
-            self._keep(parent, "modified_ns", "changed_ns")
+            self.journal.keep(parent, "modified_ns", "changed_ns")
             parent.remove_child(node.name)
-            self._on_rollback(lambda: parent.add_child(node))
+            self.journal.on_rollback(lambda: parent.add_child(node))
             parent.modified_ns = parent.changed_ns = now
             self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
             self._entry_changed(parent, node.name)
-            self._node_changed(parent)
+            self.journal.node_changed(parent)
         self.nodes.pop(node.id, None)
 
     def _entry_changed(self, parent: Directory, name: str) -> None:
@@ -719,7 +583,7 @@ class AllocationManager:
             if isinstance(existing, Directory) and (exist_ok or parents):
                 return describe(existing)
             raise Exists(f"'{existing.path}' already exists")
-        with self._change(durable=False):
+        with self.journal.change(durable=False):
             node = self._insert_dirs(parent, missing + [parts[-1]], cred, mode)
         return describe(node)
 
@@ -754,7 +618,7 @@ class AllocationManager:
         buf = self.backend.allocate(capacity, dev.uuid, label="/".join(parts))
         alloc = None
         try:
-            with self._change(durable=durable, batch=not durable and not missing):
+            with self.journal.change(durable=durable, batch=not durable and not missing):
                 directory = self._insert_dirs(parent, missing, cred, DIR_MODE)
                 alloc = self._insert_node(
                     Allocation, directory, parts[-1], cred, mode, size=size,
@@ -763,7 +627,7 @@ class AllocationManager:
                 self.parity.ensure(alloc, fresh=True)
                 if durable:
                     self._deposit(alloc)
-                self._event("create", alloc, cred, size=size, capacity=capacity,
+                self.journal.event("create", alloc, cred, size=size, capacity=capacity,
                             device=dev.uuid, durable=durable, lease=lease)
         except BaseException:     # the undo log took back the tree and any deposit
             self.backend.free(buf)
@@ -796,7 +660,7 @@ class AllocationManager:
             self.keeper.deposit(alloc.id, fds, {"capacity": alloc.capacity,
                                                 "device": alloc.device,
                                                 "registry": self.registry.instance})
-            self._on_rollback(lambda: self._withdraw_quietly(alloc.id))
+            self.journal.on_rollback(lambda: self._withdraw_quietly(alloc.id))
         except KeeperStalled as exc:         # busy, not broken: it works again once it answers
             raise Busy(f"cannot make '{alloc.path}' durable now: {exc}") from None
         except KeeperGone as exc:
@@ -826,11 +690,11 @@ class AllocationManager:
                 if isinstance(victim, Allocation) and victim.holders_of(*IO_KINDS):
                     raise Busy(self._busy_message(victim))
         any_durable = any(isinstance(v, Allocation) and v.durable for v in doomed)
-        with self._change(durable=any_durable, batch=all(
+        with self.journal.change(durable=any_durable, batch=all(
                 isinstance(v, Allocation) and not v.durable for v in doomed)):
             for victim in doomed:
                 self._forget_node(victim)
-                self._event("remove", victim, cred, force=force)
+                self.journal.event("remove", victim, cred, force=force)
         for victim in doomed:
             if isinstance(victim, Allocation):
                 self._release_memory(victim)
@@ -891,15 +755,15 @@ class AllocationManager:
                                "durability")
         if alloc.durable == durable:
             return describe(alloc, holders=True)
-        with self._change(durable=True):
-            self._keep(alloc, "durable", "changed_ns")
+        with self.journal.change(durable=True):
+            self.journal.keep(alloc, "durable", "changed_ns")
             alloc.durable = durable
             alloc.changed_ns = time.time_ns()
             self.registry.update_node(alloc.id, durable=int(durable),
                                       changed_ns=alloc.changed_ns)
             if durable and alloc.buffer is not None:
                 self._deposit(alloc)
-            self._event("durable" if durable else "transient", alloc, cred)
+            self.journal.event("durable" if durable else "transient", alloc, cred)
         if durable:
             alloc.leased = False       # the durable pin replaces any lease
             if alloc.dirty_to > alloc.dirty_from:
@@ -942,7 +806,7 @@ class AllocationManager:
     def mkdir_child(self, parent_id: int, name: str, cred: Credentials,
                     mode: int = DIR_MODE) -> Directory:
         parent = self._parent_for_entry(parent_id, name, cred, mode)
-        with self._change(durable=False):
+        with self.journal.change(durable=False):
             return self._insert_dirs(parent, [name], cred, mode)
 
     def _parent_for_entry(self, parent_id: int, name: str, cred: Credentials,
@@ -963,11 +827,11 @@ class AllocationManager:
         size 0 (so st_size is 0; the registry's size column is 0, not NULL, for these),
         capacity, device and buffer None. It is transient; resize() gives it memory."""
         parent = self._parent_for_entry(parent_id, name, cred, mode)
-        with self._change(durable=False, batch=True):
+        with self.journal.change(durable=False, batch=True):
             alloc = self._insert_node(Allocation, parent, name, cred, mode, size=0,
                                       capacity=None, device=None, durable=False,
                                       state="pending", ecc=self.default_ecc)
-            self._event("create", alloc, cred, size=0, state="pending")
+            self.journal.event("create", alloc, cred, size=0, state="pending")
         return alloc
 
     def resize(self, alloc: Allocation, cred: Credentials, size: int, *,
@@ -1150,13 +1014,13 @@ class AllocationManager:
         before = (alloc.size, alloc.capacity, alloc.modified_ns, alloc.changed_ns)
         now = time.time_ns()
         try:
-            with self._change(durable=alloc.durable, batch=not alloc.durable):
+            with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
                 alloc.size, alloc.capacity = size, capacity
                 alloc.modified_ns = alloc.changed_ns = now
                 self.registry.update_node(alloc.id, size=size, capacity=capacity,
                                           device=alloc.device, state=alloc.state,
                                           modified_ns=now, changed_ns=now)
-                self._event("resize", alloc, cred, size=size, capacity=capacity,
+                self.journal.event("resize", alloc, cred, size=size, capacity=capacity,
                             old_size=old_size)
         except BaseException:
             alloc.size, alloc.capacity, alloc.modified_ns, alloc.changed_ns = before
@@ -1202,7 +1066,7 @@ class AllocationManager:
                 self.backend.zero(alloc.buffer, alloc.size, offset)
             alloc.size = end
             self._attrs_changed(alloc)
-            self._node_changed(alloc)
+            self.journal.node_changed(alloc)
             return
         spare = None
         if alloc.state == "ready":
@@ -1249,7 +1113,7 @@ class AllocationManager:
             return
         self._dirty.discard(alloc.id)
         if not alloc.unlinked:
-            with self._change(durable=alloc.durable, batch=not alloc.durable):
+            with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
                 self.registry.update_node(alloc.id, size=alloc.size,
                                           modified_ns=alloc.modified_ns,
                                           changed_ns=alloc.changed_ns)
@@ -1296,16 +1160,16 @@ class AllocationManager:
         if target is not None:
             self._check_replace(node, target, dst_dir, cred, replace)
         old_path = node.path
-        with self._change(durable=self._has_durable(node) or self._has_durable(target)):
+        with self.journal.change(durable=self._has_durable(node) or self._has_durable(target)):
             if target is not None:
                 self._forget_node(target)
-                self._event("remove", target, cred, replaced_by=old_path)
+                self.journal.event("remove", target, cred, replaced_by=old_path)
             now = time.time_ns()
             self.registry.update_node(node.id, parent=dst_dir.id, name=dst_name,
                                       changed_ns=now)
-            self._keep(node, "parent", "name", "changed_ns")
+            self.journal.keep(node, "parent", "name", "changed_ns")
             for directory in {src_dir, dst_dir}:
-                self._keep(directory, "modified_ns", "changed_ns")
+                self.journal.keep(directory, "modified_ns", "changed_ns")
             src_dir.remove_child(src_name)
 
             def move_back() -> None:
@@ -1313,7 +1177,7 @@ class AllocationManager:
                     dst_dir.remove_child(dst_name)
                 node.name = src_name
                 src_dir.add_child(node)
-            self._on_rollback(move_back)
+            self.journal.on_rollback(move_back)
             self._entry_changed(src_dir, src_name)
             if target is None:
                 self._entry_changed(dst_dir, dst_name)   # a cached negative entry, if any
@@ -1321,9 +1185,9 @@ class AllocationManager:
             for directory in {src_dir, dst_dir}:
                 directory.modified_ns = directory.changed_ns = now
                 self.registry.update_node(directory.id, modified_ns=now, changed_ns=now)
-                self._node_changed(directory)
+                self.journal.node_changed(directory)
             dst_dir.add_child(node)
-            self._event("rename", node, cred, **{"from": old_path, "to": node.path})
+            self.journal.event("rename", node, cred, **{"from": old_path, "to": node.path})
         if isinstance(target, Allocation):
             self._release_memory(target)
         return node
@@ -1384,9 +1248,9 @@ class AllocationManager:
         if isinstance(node, Directory):
             raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
         self._require_removable(node.parent, node, cred)
-        with self._change(durable=node.durable, batch=not node.durable):
+        with self.journal.change(durable=node.durable, batch=not node.durable):
             self._forget_node(node)
-            self._event("remove", node, cred, force=True)
+            self.journal.event("remove", node, cred, force=True)
         self._release_memory(node)
 
     def rmdir_child(self, parent_id: int, name: str, cred: Credentials) -> None:
@@ -1401,9 +1265,9 @@ class AllocationManager:
             raise Exists(f"directory '{node.path}' is not empty",
                          details={"errno": "ENOTEMPTY"})
         self._require_removable(node.parent, node, cred)
-        with self._change(durable=False):
+        with self.journal.change(durable=False):
             self._forget_node(node)
-            self._event("remove", node, cred)
+            self.journal.event("remove", node, cred)
 
     def setattr(self, node_id: int, cred: Credentials, *, mode: int | None = None,
                 uid: int | None = None, gid: int | None = None,
@@ -1450,13 +1314,13 @@ class AllocationManager:
         if atime_ns is not None:
             changes["accessed_ns"] = now if atime_ns == NOW else int(atime_ns)
         changes["changed_ns"] = now
-        with self._change(durable=self._has_durable(node),
+        with self.journal.change(durable=self._has_durable(node),
                           batch=isinstance(node, Allocation) and not node.durable):
             self.registry.update_node(node.id, **changes)
-            self._keep(node, *changes)
+            self.journal.keep(node, *changes)
             for key, value in changes.items():
                 setattr(node, key, value)
-            self._event("setattr", node, actor, **{k: (f"{v:04o}" if k == "mode" else v)
+            self.journal.event("setattr", node, actor, **{k: (f"{v:04o}" if k == "mode" else v)
                                                    for k, v in changes.items()})
         self._attrs_changed(node)
         return node
@@ -1513,9 +1377,9 @@ class AllocationManager:
                                                   "attach")
         if mode == "rw" and not alloc.unsealed:
             alloc.unsealed = True
-            with self._change(durable=alloc.durable):
+            with self.journal.change(durable=alloc.durable):
                 self.registry.update_node(alloc.id, unsealed=UNSEALED)
-            self._node_changed(alloc)
+            self.journal.node_changed(alloc)
         return holder, fd, describe(alloc, holders=True)
 
     def detach(self, session: Session, holder_id: int) -> dict:
@@ -1549,11 +1413,11 @@ class AllocationManager:
         alloc.unsealed = False
         if was:
             self.parity.encode(alloc, 0, alloc.size or 0)   # the writer's data is final
-            with self._change(durable=alloc.durable):
+            with self.journal.change(durable=alloc.durable):
                 alloc.modified_ns = alloc.changed_ns = time.time_ns()
                 self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
                                           changed_ns=alloc.changed_ns, unsealed=SEALED)
-                self._event("seal", alloc, cred, reason=reason)
+                self.journal.event("seal", alloc, cred, reason=reason)
 
     def export_dmabuf(self, path: str, cred: Credentials) -> tuple[int, dict]:
         """A dma-buf fd of the whole capacity, for RDMA registration. A NIC may read and
@@ -1582,11 +1446,11 @@ class AllocationManager:
             self.parity.encode(alloc, 0, alloc.size or 0)
             self._writes_synced(alloc)
         if written and holder.kind == "write" and not alloc.unlinked:
-            with self._change(durable=False):
+            with self.journal.change(durable=False):
                 alloc.modified_ns = alloc.changed_ns = time.time_ns()
                 self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
                                           changed_ns=alloc.changed_ns)
-                self._event("write", alloc, session.cred, **written)
+                self.journal.event("write", alloc, session.cred, **written)
         self._remove_holder(holder)
 
     # ---- files open on the mount ---------------------------------------------------------
@@ -1620,7 +1484,7 @@ class AllocationManager:
         node.accessed_ns = now
         if self.nodes.get(node.id) is node:        # an unlinked file has no row left
             # Never fsynced: an access time lost to a power cut harms nobody.
-            with self._change(durable=False,
+            with self.journal.change(durable=False,
                               batch=isinstance(node, Allocation) and not node.durable):
                 self.registry.update_node(node.id, accessed_ns=now)
 
@@ -1659,7 +1523,7 @@ class AllocationManager:
                                          holder.uid, holder.since_ns)
         alloc.holders[holder.id] = holder
         session.holders[holder.id] = holder
-        self._node_changed(alloc)
+        self.journal.node_changed(alloc)
         return holder
 
     def _drop_holder_record(self, holder: Holder) -> None:
@@ -1668,7 +1532,7 @@ class AllocationManager:
         if holder.kind not in MOUNT_KINDS:
             with self.registry.transaction(durable=False, batch=True):
                 self.registry.remove_holder(holder.id)
-        self._node_changed(holder.alloc)
+        self.journal.node_changed(holder.alloc)
 
     def _remove_holder(self, holder: Holder) -> None:
         """Drop a holder; free the memory if that was the last thing keeping it."""
@@ -1679,9 +1543,9 @@ class AllocationManager:
         if alloc.unlinked:
             self._free_buffer(alloc)
         elif alloc.leased and not alloc.durable:
-            with self._change(durable=False):
+            with self.journal.change(durable=False):
                 self._forget_node(alloc)
-                self._event("release", alloc, None,
+                self.journal.event("release", alloc, None,
                             reason="last holder of a leased allocation is gone")
             alloc.unlinked = True
             self._free_buffer(alloc)
@@ -1702,8 +1566,8 @@ class AllocationManager:
                 self._writes_synced(holder.alloc)
             if holder.kind == "attach-w" and holder.alloc.unsealed and \
                     not holder.alloc.unlinked:
-                with self._change(durable=False):
-                    self._event("unsealed", holder.alloc, session.cred,
+                with self.journal.change(durable=False):
+                    self.journal.event("unsealed", holder.alloc, session.cred,
                                 reason="the attached writer's session ended without detach")
             self._remove_holder(holder)
 
@@ -1778,7 +1642,7 @@ class AllocationManager:
         and `info`'s "verified"). Blocks skipped as unsynced still count: their parity is
         rebuilt at the next sync, not judged."""
         now = time.time_ns()
-        with self._change(durable=alloc.durable, batch=not alloc.durable):
+        with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
             self.registry.update_node(alloc.id, verified_ns=now)
         alloc.verified_ns = now
 
@@ -1813,15 +1677,15 @@ class AllocationManager:
             return
         before = sorted(alloc.damaged)
         state = "degraded" if damaged else "ready"
-        with self._change(durable=alloc.durable):
+        with self.journal.change(durable=alloc.durable):
             self.registry.set_damage(alloc.id, damaged, time.time_ns())
             self.registry.update_node(alloc.id, state=state)
             alloc.damaged, alloc.state = set(damaged), state
             if damaged:
-                self._event("damage", alloc, cred, reason=reason, blocks=sorted(damaged),
+                self.journal.event("damage", alloc, cred, reason=reason, blocks=sorted(damaged),
                             ranges=self.damaged_ranges(alloc))
             else:
-                self._event("healed", alloc, cred, reason=reason, blocks=before)
+                self.journal.event("healed", alloc, cred, reason=reason, blocks=before)
         if damaged and judged:
             log.error("'%s' has %d block(s) damaged beyond repair (%s): %s", alloc.path,
                       len(damaged), reason, self.damaged_ranges(alloc))
@@ -1855,15 +1719,14 @@ class AllocationManager:
                              f"'{alloc.path}' has {limit} bytes; the pattern must not be empty")
         data = (pattern * (length // len(pattern) + 1))[:length]
         self.backend.write(target, offset, data)
-        with self._change(durable=False):
-            self._event("corrupt", alloc, cred, offset=offset, length=length,
+        with self.journal.change(durable=False):
+            self.journal.event("corrupt", alloc, cred, offset=offset, length=length,
                         parity=parity)
         return {"path": alloc.path, "offset": offset, "length": length, "parity": parity}
 
     def note(self, kind: str, /, **detail) -> None:
         """Log an event that concerns no node (the scrubber's start and end)."""
-        with self._change(durable=False):
-            self._event(kind, None, None, **detail)
+        self.journal.note(kind, **detail)
 
     def meta(self, key: str) -> str | None:
         """A value save_meta stored (the scrubber's state), or None."""
@@ -1875,7 +1738,7 @@ class AllocationManager:
         return self.parity.chunk_blocks
 
     def save_meta(self, key: str, value: str) -> None:
-        with self._change(durable=False):
+        with self.journal.change(durable=False):
             self.registry.set_meta(key, value)
 
     # =====================================================================================
@@ -1899,8 +1762,8 @@ class AllocationManager:
             if alloc.durable and alloc.buffer is not None:
                 self._deposit(alloc)
                 count += 1
-        with self._change(durable=False):
-            self._event("keeper", None, None, action=action, redeposited=count)
+        with self.journal.change(durable=False):
+            self.journal.event("keeper", None, None, action=action, redeposited=count)
         return count
 
     # =====================================================================================
@@ -1981,28 +1844,16 @@ class AllocationManager:
     # =====================================================================================
     def events(self, *, since: int, limit: int, path: str | None = None,
                uid: int | None = None) -> list[dict]:
-        """Logged events after `since`, oldest first, at most `limit`; with `path`, those
-        at or under it; with `uid`, only that user's and the daemon-wide ones."""
-        return self.registry.events(since=since, limit=limit, path=path, uid=uid)
+        """Logged events after `since`, oldest first, at most `limit` (Journal.events)."""
+        return self.journal.events(since=since, limit=limit, path=path, uid=uid)
 
     def last_event_id(self) -> int:
-        """The id of the newest logged event (0 when the log is empty)."""
-        return self.registry.last_event_id()
+        return self.journal.last_event_id()
 
-    @contextlib.contextmanager
     def observing(self, on_event: Callable[[dict], None],
-                  on_change: Callable[[Node], None] | None = None) -> Iterator[None]:
-        """While inside: `on_event(event)` for each event once it committed, and, when
-        given, `on_change(node)` for each node a monitor should redraw (_node_changed)."""
-        self.subscribers.add(on_event)
-        if on_change is not None:
-            self.change_listeners.add(on_change)
-        try:
-            yield
-        finally:
-            self.subscribers.discard(on_event)
-            if on_change is not None:
-                self.change_listeners.discard(on_change)
+                  on_change: Callable[[Node], None] | None = None):
+        """Committed events and nodes to redraw, while inside (Journal.observing)."""
+        return self.journal.observing(on_event, on_change)
 
     def add_watcher(self, watcher) -> None:
         """A watcher of what the kernel may cache (daemon/fs.py): told entry_changed(

@@ -339,6 +339,11 @@ class Registry:
         else:
             self._commit("NORMAL")
 
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction() block is open (the journal's undo log is live)."""
+        return self._in_txn
+
     def flush(self) -> None:
         """Commit the batch of transient changes, if one is open (group commit)."""
         if self._open and not self._in_txn:

@@ -11,7 +11,7 @@ import pytest
 from daemon.events import DETAIL_LIMIT, LIST_LIMIT, SCHEMA, STRING_LIMIT, bound_detail
 
 DAEMON = pathlib.Path(__file__).resolve().parents[2] / "daemon"
-EMITTERS = ("_event", "note")       # AllocationManager._event/note, Scrubber._event
+EMITTERS = ("event", "_event", "note")   # Journal.event/note, Scrubber._event
 
 
 def _kinds(node: ast.expr) -> list[str]:
