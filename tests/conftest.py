@@ -46,6 +46,14 @@ def daemon_factory():
 
 
 @pytest.fixture
+def ecc_daemon(daemon_factory):
+    """A daemon whose memory tests may damage on purpose (`gpumemctl debug corrupt`)."""
+    d = daemon_factory(extra_args=["--enable-fault-injection", "--host-capacity", "512M"])
+    d.allow_errors = True          # uncorrectable damage is logged at ERROR, on purpose
+    return d
+
+
+@pytest.fixture
 def daemon(daemon_factory) -> Daemon:
     return daemon_factory()
 

@@ -320,3 +320,12 @@ def usable_gpus() -> int:
         except (OSError, ValueError, subprocess.TimeoutExpired):
             _gpu_probe["count"] = 0
     return _gpu_probe["count"]
+
+
+def store_random(d: Daemon, name: str, size: int = 4 << 20, durable: bool = True) -> bytes:
+    """Create `name` through the CLI and fill it with random bytes; returns them."""
+    data = os.urandom(size)
+    d.cli("create", name, "--size", str(size), *(["--durable"] if durable else []),
+          check=True)
+    d.cli("write", name, input=data, check=True)
+    return data

@@ -4,7 +4,6 @@ verify finds recorded for `info`, `ls -l` and reads. And what a script's loop pa
 `gpumemctl ls --json` loads neither typer, click nor rich."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import click
 import pytest
 
 from tests.harness import ROOT, child_env, script_argv
+from tests.harness import store_random as make
 
 MiB, BLOCK = 1 << 20, 128 * 1024
 
@@ -101,19 +101,6 @@ def test_help_shows_every_arguments_text(daemon, command_tree):
 
 
 # ---- no Python None in what people read -------------------------------------------------------
-@pytest.fixture
-def ecc_daemon(daemon_factory):
-    d = daemon_factory(extra_args=["--enable-fault-injection", "--host-capacity", "512M"])
-    d.allow_errors = True          # uncorrectable damage is logged at ERROR, on purpose
-    return d
-
-
-def make(d, name: str, size: int = 4 * MiB, durable: bool = True) -> bytes:
-    data = os.urandom(size)
-    d.cli("create", name, "--size", str(size), *(["--durable"] if durable else []),
-          check=True)
-    d.cli("write", name, input=data, check=True)
-    return data
 
 
 # Every command, in an order that gives each something to show: allocations never verified,

@@ -8,22 +8,9 @@ import os
 
 import pytest
 
+from tests.harness import store_random as make
+
 MiB, BLOCK = 1 << 20, 128 * 1024
-
-
-@pytest.fixture
-def ecc_daemon(daemon_factory):
-    d = daemon_factory(extra_args=["--enable-fault-injection", "--host-capacity", "512M"])
-    d.allow_errors = True          # uncorrectable damage is logged at ERROR, on purpose
-    return d
-
-
-def make(d, name: str, size: int = 4 * MiB, durable: bool = True) -> bytes:
-    data = os.urandom(size)
-    d.cli("create", name, "--size", str(size), *(["--durable"] if durable else []),
-          check=True)
-    d.cli("write", name, input=data, check=True)
-    return data
 
 
 def verify(d, *args, code: int):
