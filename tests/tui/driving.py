@@ -23,13 +23,17 @@ def run_app(app, scenario, size=SIZE, timeout: float = 60.0):
     return asyncio.run(main())
 
 
-async def until(pilot, predicate, timeout: float = 10.0, what: str = "the screen"):
+async def until(pilot, predicate, timeout: float = 10.0, what: str = "the screen",
+                explain=None):
+    """Poll `predicate` between frames; on timeout the error says what was still missing
+    (`explain()`, where given), so a failure on a loaded CI machine can be read."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         await pilot.pause(0.05)
         if predicate():
             return
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    missing = f": {explain()}" if explain else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{missing}")
 
 
 def table_rows(app) -> list[str]:
@@ -104,10 +108,22 @@ async def settled(pilot) -> None:
     app = pilot.app
     last = app.source.events[-1]["id"] if app.source.events else 0
 
-    def done():
+    def missing() -> list[str]:
         main = app.main
-        return (main.ready and app.snapshot is not None
-                and main.query_one(DetailPanel)._shown is not None
-                and main.query_one(EventsPanel).last_id == last)
-    await until(pilot, done, what="the frozen app to settle")
+        if not main.ready:
+            return ["the main screen"]
+        gaps = []
+        if app.snapshot is None:
+            gaps.append("the snapshot")
+        if main.query_one(DetailPanel)._shown is None:
+            gaps.append("the selected row's detail")
+        shown = main.query_one(EventsPanel).last_id
+        if shown != last:
+            gaps.append(f"events up to id {last} (shown up to {shown})")
+        return gaps
+
+    # The timeout is generous: the first app of a run loads Textual's CSS and themes, and
+    # the 2-core CI machine may be busy with the daemons of the tests before it.
+    await until(pilot, lambda: not missing(), timeout=30.0, what="the frozen app to settle",
+                explain=lambda: ", ".join(missing()))
     await pilot.pause(0.1)
