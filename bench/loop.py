@@ -9,9 +9,9 @@ fd and closes it: the close re-encodes the parity of everything a client may hav
 Meanwhile client B calls `info` on another allocation in a loop. The table compares B's
 latency while A's close runs with B's latency when nothing else happens (the baseline, same
 run), and gives the close's own duration. Target (issue 13): B's p99 under 50 ms while
-the close runs. A percentile over B's calls hides a stalled loop (B completes many calls
-around the stall and one that waits it out), so the target is held against the slowest
-call that overlapped the close.
+the close runs. B asks every 5 ms and each latency counts from when its call fell due, so
+a stalled loop shows in the percentiles (tests/integration/test_loop_responsiveness.py holds
+the same target in CI).
 """
 from __future__ import annotations
 
@@ -36,13 +36,20 @@ from gpumemctl.protocol import format_size, parse_size  # noqa: E402
 TARGET_P99_MS = 50.0
 
 
-def info_spans(client, stop: threading.Event) -> list[tuple[float, float]]:
-    """(start, end) perf_counter() of each `info` round trip until `stop` is set."""
+def info_spans(client, stop: threading.Event, interval: float = 0.005
+               ) -> list[tuple[float, float]]:
+    """(due, end) perf_counter() of `info` calls made every `interval` until `stop` is set,
+    each counted from the time it fell due: a stalled loop delays every call due meanwhile,
+    not only the one in flight (a back-to-back client hides it: coordinated omission)."""
     out: list[tuple[float, float]] = []
+    due = time.perf_counter()
     while not stop.is_set():
-        t0 = time.perf_counter()
+        time.sleep(max(0.0, due - time.perf_counter()))
         client.info("probe")
-        out.append((t0, time.perf_counter()))
+        end = time.perf_counter()
+        while due < end:
+            out.append((due, end))
+            due += interval
     return out
 
 
@@ -88,17 +95,17 @@ def measure(d: core.Daemon, size: int) -> dict:
 
 def table(fig: dict, backend: str) -> str:
     idle, during = fig["idle"], fig["during_close"]
-    ok = "yes" if during["max_ms"] < TARGET_P99_MS else "no"
+    ok = "yes" if during["p99_ms"] < TARGET_P99_MS else "no"
     rows = [
         ("baseline: another client's info, nothing else running, p50 / p99",
          f"{idle['p50_ms']:.2f} / {idle['p99_ms']:.2f} ms", "-", "-"),
         (f"close of a {format_size(fig['size'])} allocation written whole (parity re-encoded)",
          f"{fig['close_s']:.2f} s", "-", "-"),
-        ("another client's info calls that overlapped that close, p50 / p99",
-         f"{during['p50_ms']:.2f} / {during['p99_ms']:.2f} ms", "-", "-"),
-        ("  the slowest of them (a stalled loop shows here: one call waits it out)",
-         f"{during['max_ms']:.1f} ms", f"< {TARGET_P99_MS:.0f} ms", ok),
-        ("  slowest during / p99 baseline", f"{during['max_ms'] / idle['p99_ms']:.0f}x", "-",
+        ("another client's info calls due during that close, p50",
+         f"{during['p50_ms']:.2f} ms", "-", "-"),
+        ("  p99", f"{during['p99_ms']:.2f} ms", f"< {TARGET_P99_MS:.0f} ms", ok),
+        ("  the slowest", f"{during['max_ms']:.1f} ms", "-", "-"),
+        ("  p99 during / p99 baseline", f"{during['p99_ms'] / idle['p99_ms']:.1f}x", "-",
          "-"),
     ]
     lines = [f"gpumemd --backend {backend}; {during['n']} info calls during the close",

@@ -47,7 +47,7 @@ import trio
 
 from gpumemctl.protocol import Exists, GpumemError, NotFound, UsageError
 
-from . import xattrs
+from . import offload, xattrs
 from .describe import describe
 from .errno_map import errno_for
 from .manager import AllocationManager
@@ -502,17 +502,28 @@ class Operations(pyfuse3.Operations):
         # less per close.
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
-    @handler
-    def fsync(self, fh, datasync):
-        handle = self._file(fh)
+    # fsync and the last close encode the parity of what was written on a worker thread
+    # (daemon/offload.py): the verb's two steps each run under the error boundary, and the
+    # mount serves other requests meanwhile.
+    async def fsync(self, fh, datasync):
+        handle = await self._step(self._file, fh)
         if not isinstance(handle, MetaHandle):
-            self.m.sync(handle.alloc)
+            job = await self._step(self.m.sync_job, handle.alloc)
+            await offload.parity_work(job)
+            await self._step(functools.partial(self.m.sync, parity=job, planned=True),
+                             handle.alloc)
 
-    @handler
-    def release(self, fh):
+    async def release(self, fh):
         handle = self.handles.pop(fh)
         if isinstance(handle, FileHandle):
-            self.m.release_mount(handle.holder)
+            job = await self._step(self.m.parity_job, handle.holder)
+            await offload.parity_work(job)
+            await self._step(functools.partial(self.m.release_mount, parity=job,
+                                               planned=True), handle.holder)
+
+    @handler
+    def _step(self, verb, *args):
+        return verb(*args)
 
     # =====================================================================================
     # directories

@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 from gpumemctl.protocol import framing
@@ -23,6 +24,11 @@ from . import systemd
 # since every client waits with it. Start-up (spawn, fetch of every fd) may take longer.
 CALL_TIMEOUT = 3.0
 START_TIMEOUT = 30.0
+# Calls come from the event loop and from worker threads (a durable create's deposit runs
+# on one, daemon/server/allocations.py). One call at a time goes over the connection; a
+# call that finds another in flight waits this long for it, then says the keeper is busy:
+# the loop never waits a stalled keeper's full timeout behind a worker.
+QUEUE_WAIT = 0.25
 
 
 class KeeperGone(Exception):
@@ -47,6 +53,7 @@ class ProcessKeeper:
         self.pid: int | None = None
         self._next_id = 0
         self.stalled_since: float | None = None    # time.monotonic() of the last timeout
+        self._lock = threading.Lock()              # one call at a time on self.sock
 
     @property
     def stalled(self) -> bool:
@@ -101,8 +108,9 @@ class ProcessKeeper:
 
     def resume(self, sock: socket.socket) -> None:
         """Use a connection that probe() found answering; calls are allowed again."""
-        self.close()
-        self.sock, self.stalled_since = sock, None
+        with self._lock:
+            self.close()
+            self.sock, self.stalled_since = sock, None
 
     def _spawn(self) -> None:
         with open(self.logfile, "ab") as log:
@@ -127,6 +135,16 @@ class ProcessKeeper:
         return env
 
     def _call(self, op: str, fds: list[int] | None = None, **args) -> dict:
+        if not self._lock.acquire(timeout=QUEUE_WAIT):
+            raise KeeperStalled(f"the keeper (pid {self.pid}) is still busy with an earlier "
+                                f"request after {QUEUE_WAIT} s; durable changes wait until it "
+                                "answers")
+        try:
+            return self._call_locked(op, fds, **args)
+        finally:
+            self._lock.release()
+
+    def _call_locked(self, op: str, fds: list[int] | None, **args) -> dict:
         if self.stalled_since is not None:
             waited = time.monotonic() - self.stalled_since
             raise KeeperStalled(f"the keeper (pid {self.pid}) has not answered for "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -83,7 +84,7 @@ class Directory(Node):
 
 @dataclasses.dataclass(eq=False)
 class Allocation(Node):
-    size: int | None = None          # None while pending
+    size: int = 0                    # 0 while pending (no memory yet)
     capacity: int | None = None
     device: str | None = None        # device UUID
     durable: bool = False
@@ -103,6 +104,10 @@ class Allocation(Node):
     dirty_from: int = 1 << 63        # the range written since the last sync (manager.sync):
     dirty_to: int = 0                # its parity is stale until then; empty when from > to
     verified_ns: int | None = None   # end of the last full verify/scrub pass; None: never
+    # Held while its parity is encoded on a worker thread (daemon/integrity.ParityJob), and
+    # by the event loop before it frees or replaces the memory or touches the parity.
+    parity_lock: threading.RLock = dataclasses.field(default_factory=threading.RLock,
+                                                     repr=False)
 
     @property
     def st_mode(self) -> int:

@@ -15,7 +15,13 @@ clients need nothing new) with errno EDQUOT for the mount.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from gpumemctl.protocol import NoMemory
+
+if TYPE_CHECKING:
+    from .nodes import Allocation
 
 
 def human(n: int) -> str:
@@ -39,14 +45,16 @@ class QuotaExceeded(NoMemory):
 class Quotas:
     """The limits, and the check the AllocationManager makes before taking capacity."""
 
-    def __init__(self, manager, limits: dict[int, int] | None = None):
-        self.manager = manager
+    def __init__(self, allocations: Callable[[], list[Allocation]],
+                 limits: dict[int, int] | None = None):
+        """`allocations`: every allocation now (Namespace.allocations)."""
+        self.allocations = allocations
         self.limits: dict[int, int] = dict(limits or {})
 
     def used(self, uid: int) -> int:
         # A walk over the allocations, made only for uids that have a quota and only when
         # capacity grows (never per write within the capacity).
-        return sum(a.capacity or 0 for a in self.manager.allocations()
+        return sum(a.capacity or 0 for a in self.allocations()
                    if a.uid == uid and a.buffer is not None)
 
     def check(self, uid: int, more: int) -> None:

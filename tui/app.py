@@ -173,10 +173,19 @@ class GpumemApp(App):
         if not main.ready:
             return                      # MainScreen.on_mount draws it
         main.query_one(DevicesPanel).show(snap.devices)
-        main.query_one(AllocationsPanel).show(snap, self.clock())
+        allocations = main.query_one(AllocationsPanel)
+        allocations.show(snap, self.clock())
         main.query_one(ScrubPanel).show(snap.scrub)
         main.query_one(Banner).show(banner(snap))
         self._show_events()
+        self._follow_selection(allocations.selected_entry)
+
+    def _follow_selection(self, entry: dict | None) -> None:
+        """The detail follows the table's selection. The panel's Selected message brings
+        it; every draw checks as well, because that message was seen lost (a CI run, about
+        one start in 50) when it was posted while the screen was still mounting."""
+        if entry is not None and self.main.query_one(DetailPanel).shown_path != entry["path"]:
+            self.on_allocations_panel_selected(AllocationsPanel.Selected(entry))
 
     @drawing
     def _show_events(self) -> None:

@@ -3,6 +3,7 @@ close, attach, detach, seal, export_dmabuf. Each hands its checked arguments to 
 manager verb and shapes the answer (docs/protocol.md has the table)."""
 from __future__ import annotations
 
+from .. import offload
 from .call import Call, Reply
 
 
@@ -17,11 +18,23 @@ async def info(call: Call) -> Reply:
 
 
 async def create(call: Call) -> Reply:
-    a = call.args
-    return call.manager.create(
-        a["path"], call.session.cred, size=a["size"], durable=a["durable"], mode=a["mode"],
-        device=a["device"], ecc=a["ecc"], exist_ok=a["exist_ok"], session=call.session,
-        lease=a["lease"]), []
+    a, m = call.args, call.manager
+    request = dict(size=a["size"], durable=a["durable"], mode=a["mode"], device=a["device"],
+                   ecc=a["ecc"], exist_ok=a["exist_ok"], session=call.session,
+                   lease=a["lease"])
+    if not a["durable"] or a["lease"]:
+        return m.create(a["path"], call.session.cred, **request), []
+    # Durable: the deposit goes to the keeper from a worker thread, so that a stalled keeper
+    # holds this request only, never the loop (manager.prepare_create has the steps).
+    async with offload.deposits():
+        prepared = m.prepare_create(a["path"], call.session.cred, **request)
+        if prepared is not None:
+            try:
+                await offload.keeper_call(m.custody.send, m.custody.handover(prepared.alloc))
+            except BaseException:
+                m.abandon(prepared)
+                raise
+        return m.create(a["path"], call.session.cred, prepared=prepared, **request), []
 
 
 async def mkdir(call: Call) -> Reply:
@@ -38,8 +51,19 @@ async def rm(call: Call) -> Reply:
 
 
 async def durable(call: Call) -> Reply:
-    a = call.args
-    return call.manager.set_durable(a["path"], call.session.cred, a["durable"]), []
+    a, m = call.args, call.manager
+    if not a["durable"]:
+        return m.set_durable(a["path"], call.session.cred, False), []
+    async with offload.deposits():          # as create: the deposit off the loop
+        deposit = m.prepare_durable(a["path"], call.session.cred)
+        if deposit is not None:
+            await offload.keeper_call(m.custody.send, deposit)
+        try:
+            return m.set_durable(a["path"], call.session.cred, True, deposited=deposit), []
+        except BaseException:
+            if deposit is not None:
+                m.custody.withdraw_quietly(deposit.key)
+            raise
 
 
 async def open_(call: Call) -> Reply:
@@ -49,8 +73,13 @@ async def open_(call: Call) -> Reply:
 
 
 async def close(call: Call) -> Reply:
-    call.manager.close_handle(call.session, call.args["handle"],
-                              written=call.args["written"])
+    # A handle that wrote has its parity encoded on a worker thread while it is still held
+    # (no other writer, the memory stays); the loop serves everyone else meanwhile.
+    m = call.manager
+    job = m.parity_job(m.handle(call.session, call.args["handle"]))
+    await offload.parity_work(job)
+    m.close_handle(call.session, call.args["handle"], written=call.args["written"],
+                   parity=job, planned=True)
     return {}, []
 
 
@@ -61,11 +90,17 @@ async def attach(call: Call) -> Reply:
 
 
 async def detach(call: Call) -> Reply:
-    return {"info": call.manager.detach(call.session, call.args["handle"])}, []
+    m, handle = call.manager, call.args["handle"]
+    job = m.detach_job(call.session, handle)      # a writer's seal: its parity off the loop
+    await offload.parity_work(job)
+    return {"info": m.detach(call.session, handle, parity=job, planned=True)}, []
 
 
 async def seal(call: Call) -> Reply:
-    return call.manager.seal(call.args["path"], call.session.cred, call.session), []
+    m, a = call.manager, call.args
+    job = m.seal_job(a["path"], call.session.cred, call.session)   # as detach
+    await offload.parity_work(job)
+    return m.seal(a["path"], call.session.cred, call.session, parity=job, planned=True), []
 
 
 async def export_dmabuf(call: Call) -> Reply:

@@ -27,6 +27,7 @@ from gpumemctl.protocol import (
 )
 from gpumemctl.protocol.release import VERSION
 
+from .. import offload
 from ..sessions import Session
 from . import ops, status, streams
 from .call import Call
@@ -78,9 +79,21 @@ class Server:
         except Exception:  # a bug in one connection must not stop the daemon
             log.exception("internal error on a connection; closing it")
         finally:
-            if session is not None:
-                self.manager.close_session(session)
-            sock.close()
+            try:
+                if session is not None:
+                    await self._end_session(session)
+            finally:
+                sock.close()
+
+    async def _end_session(self, session: Session) -> None:
+        """Release what the session held; the parity its writers need is encoded on worker
+        threads first (a job not run, if this is cancelled, runs in close_session)."""
+        jobs = self.manager.session_jobs(session)
+        try:
+            for job in jobs.values():
+                await offload.parity_work(job)
+        finally:
+            self.manager.close_session(session, parity=jobs)
 
     async def _handshake(self, conn: Connection) -> Session:
         msg, fds = await conn.receive()

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 from daemon.keeper_link import CALL_TIMEOUT
-from tests.harness import wait_for
+from tests.harness import child_env, script_argv, wait_for
 
 BUSY = 9
 
@@ -53,3 +54,33 @@ def test_a_stopped_keeper_costs_one_bounded_wait_and_comes_back(daemon):
     assert daemon.cli("read", "a", "--length", "22", check=True).stdout == \
         b"kept through the stall"
     assert daemon.cli_json("info", "d")["state"] == "ready"
+
+
+def test_a_stalled_keeper_holds_only_the_requests_that_need_it(daemon):
+    """While a durable create waits on a stopped keeper, another client's `ls` is answered
+    at once: the deposit waits on a worker thread, not on the event loop. Once the keeper
+    answers again, a durable create works without a restart."""
+    keeper = daemon.keeper_pid()
+    os.kill(keeper, signal.SIGSTOP)
+    try:
+        waiting = subprocess.Popen(
+            [*script_argv("gpumemctl", daemon.installed), "--socket", daemon.socket,
+             "create", "b", "--size", "1M", "--durable"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(None))
+        time.sleep(0.5)                        # its deposit is in flight now
+        assert waiting.poll() is None, "the durable create did not wait for the keeper"
+        start = time.monotonic()              # connecting is answered by the loop too
+        with daemon.client() as other:
+            other.ls("", recursive=True)
+        listing = time.monotonic() - start
+        assert listing < 1.0, f"ls took {listing:.2f} s while the keeper was stopped"
+        _out, err = waiting.communicate(timeout=CALL_TIMEOUT + 10)
+        assert waiting.returncode == BUSY, err
+    finally:
+        os.kill(keeper, signal.SIGCONT)
+    wait_for(lambda: daemon.cli("create", "d", "--size", "1M", "--durable").returncode == 0,
+             timeout=10, what="a durable create to work again once the keeper answers")
+    assert daemon.keeper_pid() == keeper
+    assert [e["path"] for e in daemon.cli_json("ls")] == ["d"]
+    assert daemon.cli_json("status")["keeper"]["held"] == 1
+    assert daemon.cli("check").returncode == 0

@@ -32,6 +32,15 @@ VIOLATIONS = [
      "gpumemctl.protocol and gpumemctl.cudadrv import nothing else of gpumemctl"),
     ("gpumemctl/cudadrv/staging.py", "from ..memory import HostMapping",
      "gpumemctl.protocol and gpumemctl.cudadrv import nothing else of gpumemctl"),
+    # The daemon's layers (docs/architecture.md): none reaches up, nor sideways.
+    ("daemon/namespace.py", "from . import custody",
+     "the daemon's core: each layer imports only those below it"),
+    ("daemon/journal.py", "from .namespace import Namespace",
+     "the daemon's core: each layer imports only those below it"),
+    ("daemon/holders.py", "from .custody import Custody",
+     "the daemon's core: each layer imports only those below it"),
+    ("daemon/integrity.py", "from .manager import AllocationManager",
+     "the daemon's core: each layer imports only those below it"),
 ]
 
 

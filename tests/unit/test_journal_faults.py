@@ -76,6 +76,55 @@ def _open_read(m):
     m.open("d/keep", ROOT, m.open_session(ROOT), "r")
 
 
+def _create_deposit_off_loop(m, path="d/new"):
+    """The socket server's durable create (daemon/server/allocations.py): prepare on the
+    loop, the deposit (on a worker thread there), then create with what was prepared."""
+    request = dict(size=4 * MiB, durable=True, mode=0o600, device=None, ecc=None,
+                   exist_ok=False, session=None, lease=False)
+    prepared = m.prepare_create(path, ROOT, **request)
+    try:
+        m.custody.send(m.custody.handover(prepared.alloc))
+    except BaseException:
+        m.abandon(prepared)
+        raise
+    m.create(path, ROOT, prepared=prepared, **request)
+
+
+def _durable_deposit_off_loop(m):
+    """The socket server's `durable` (daemon/server/allocations.py), step by step."""
+    deposit = m.prepare_durable("d/trans", ROOT)
+    m.custody.send(deposit)
+    try:
+        m.set_durable("d/trans", ROOT, True, deposited=deposit)
+    except BaseException:
+        m.custody.withdraw_quietly(deposit.key)
+        raise
+
+
+def _close_written_off_loop(m):
+    """The socket server's close of a handle that wrote: the parity job first (a worker
+    thread there), then the close that finishes it."""
+    session = m.open_session(ROOT)
+    holder, fd, _info = m.open("d/keep", ROOT, session, "rw")
+    import os
+    os.close(fd)
+    job = m.parity_job(m.handle(session, holder.id))
+    job.run()
+    m.close_handle(session, holder.id, written={"bytes": 10}, parity=job, planned=True)
+
+
+def _seal_off_loop(m):
+    """An attached writer seals (the socket server's steps): the job, then the seal."""
+    import os
+    session = m.open_session(ROOT)
+    holder, fd, _info = m.attach("d/keep", ROOT, session, "rw")
+    os.close(fd)
+    job = m.seal_job("d/keep", ROOT, session)
+    job.run()
+    m.seal("d/keep", ROOT, session, parity=job, planned=True)
+    m.detach(session, holder.id)
+
+
 VERBS = {
     "mkdir": lambda m: m.mkdir("d/sub", ROOT),
     "mkdir -p": lambda m: m.mkdir("a/b/c", ROOT, parents=True),
@@ -102,6 +151,13 @@ VERBS = {
     "unlink in the mount": lambda m: m.unlink_child(_id(m, "d"), "keep", ROOT),
     "rmdir in the mount": lambda m: m.rmdir_child(m.root.id, "empty", ROOT),
     "open": _open_read,
+    # the socket server's steps around work it runs off the event loop (daemon/offload.py)
+    "create durable, deposit off the loop": _create_deposit_off_loop,
+    "create with parents, deposit off the loop": lambda m: _create_deposit_off_loop(
+        m, "x/y/new"),
+    "durable, deposit off the loop": _durable_deposit_off_loop,
+    "close of a writer, parity off the loop": _close_written_off_loop,
+    "seal, parity off the loop": _seal_off_loop,
 }
 
 

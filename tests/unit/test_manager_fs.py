@@ -216,7 +216,7 @@ def test_durable_resize_crash_before_commit_keeps_old(world):
     assert (f.size, f.capacity) == (MiB, 2 * MiB) and m.keeper.keys() == [f.id]
     # A kill -9 at that point would have left the staged 6 MiB copy in the keeper.
     staged = m.backend.allocate(6 * MiB, f.device, "staged")
-    m._deposit_buffer(-f.id, staged, 6 * MiB, f.device)
+    m.custody.stage(-f.id, staged, 6 * MiB, f.device)
     m.backend.free(staged)
     m = world.crash()
     f = m.lookup("keep", ROOT)

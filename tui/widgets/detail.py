@@ -36,6 +36,10 @@ class DetailPanel(VerticalScroll):
     def compose(self):
         yield Static(Text("nothing selected", style="dim"), id="detail-body")
 
+    @property
+    def shown_path(self) -> str | None:
+        return self._shown.get("path") if self._shown else None
+
     def show(self, info: dict | None) -> None:
         if info == self._shown:           # unchanged: no relayout
             return

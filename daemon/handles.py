@@ -1,0 +1,252 @@
+"""The verbs of open handles, attachments, files open on the mount and client sessions: a
+part of the AllocationManager façade (daemon/manager.py has the verbs that change names,
+memory and durability; daemon/queries.py the read-only queries). The records and the lock
+are daemon/holders.py's; here is the order of steps around them: what a close must encode,
+seal or free, and when.
+
+Parity work of a close runs off the event loop where the caller can wait (daemon/offload.py):
+step one (parity_job, session_jobs) names the work, a worker thread runs it, and step two
+(close_handle, release_mount, close_session with the job) finishes it, or runs it if no
+worker did. Between the steps the holder stays: the memory stays, no other writer comes.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from gpumemctl.protocol import UsageError, round_up
+
+from .backends import Backend
+from .custody import Custody
+from .describe import describe
+from .holders import ATTACH_KINDS, HANDLE_KINDS, IO_KINDS, MOUNT_KINDS, Holders
+from .integrity import Integrity, ParityJob
+from .journal import Journal
+from .namespace import DAEMON, NOW, SEALED, Namespace
+from .nodes import Allocation, Holder
+from .permissions import Credentials, R, W, require
+from .registry import Registry
+from .sessions import Session
+
+
+class HandleVerbs:
+    # Set by AllocationManager.__init__, and the verbs of daemon/manager.py used here.
+    registry: Registry
+    backend: Backend
+    journal: Journal
+    ns: Namespace
+    integrity: Integrity
+    custody: Custody
+    holders: Holders
+    resize: Callable[..., Allocation]
+    setattr: Callable[..., object]
+    sync: Callable[..., None]
+    sync_job: Callable[[Allocation], ParityJob | None]
+    _commit_size: Callable[..., None]
+    _protect_resized: Callable[..., None]
+
+    def parity_job(self, holder: Holder) -> ParityJob | None:
+        """The parity work that releasing `holder` brings (close_handle, release_mount,
+        close_session)."""
+        if holder.alloc.unlinked:
+            return None
+        if holder.kind == "write":
+            return self.integrity.job_all(holder.alloc)
+        return self.sync_job(holder.alloc) if holder.kind == "mount-w" else None
+
+    def handle(self, session: Session, holder_id: int) -> Holder:
+        """An open handle of this session (for close's step one)."""
+        return self.holders.find(session, holder_id, HANDLE_KINDS.values(), "open handle")
+
+    # ---- holders: handles, attachments, mount files, sessions ----------------------------
+    def open(self, path: str, cred: Credentials, session: Session, mode: str):
+        """Open for I/O by fd passing. Returns (holder, fd, info). One writer or many
+        readers: a conflicting request is busy."""
+        alloc, holder, fd = self._lock_and_export(path, cred, session, mode, HANDLE_KINDS,
+                                                  "open")
+        return holder, fd, describe(alloc)
+
+    def attach(self, path: str, cred: Credentials, session: Session, mode: str):
+        """Like open, for a client that maps the memory and keeps it mapped. Read-write
+        makes the allocation `unsealed` until the writer detaches or seals: its parity
+        cannot follow writes it does not see."""
+        alloc, holder, fd = self._lock_and_export(path, cred, session, mode, ATTACH_KINDS,
+                                                  "attach")
+        if mode == "rw":
+            self.integrity.unseal(alloc)
+        return holder, fd, describe(alloc, holders=True)
+
+    def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,
+                         kinds: dict, what: str):
+        """Permission, memory present, the lock; then a new fd and a holder of kinds[mode]."""
+        if mode not in ("r", "rw"):
+            raise UsageError(f"invalid {what} mode {mode!r}: expected 'r' or 'rw'")
+        alloc = self.ns.lookup_allocation(path, cred)
+        writable = mode == "rw"
+        require(alloc, cred, R | W if writable else R)
+        self.custody.require_memory(alloc)
+        if alloc.damaged:     # a mapping cannot fail a range: refuse the whole allocation
+            self.integrity.require_undamaged(alloc, 0, alloc.size or 0)
+        self.holders.require_lockable(alloc, writable)
+        if writable and kinds[mode] == "write":
+            self.integrity.writes_begin(alloc)   # the client writes through its fd from now
+        fd = self.backend.export(alloc.buffer, writable)
+        try:
+            holder = self.holders.add(alloc, session, kinds[mode])
+        except BaseException:
+            os.close(fd)
+            raise
+        return alloc, holder, fd
+
+    def detach_job(self, session: Session, holder_id: int) -> ParityJob | None:
+        """Step one of detach: the parity a writer's detach encodes."""
+        holder = self.holders.find(session, holder_id, ATTACH_KINDS.values(), "attachment")
+        return self.integrity.job_seal(holder.alloc) if holder.kind == "attach-w" else None
+
+    def detach(self, session: Session, holder_id: int, *, parity: ParityJob | None = None,
+               planned: bool = False) -> dict:
+        """The client unmapped: release its holder; a writer's detach seals."""
+        holder = self.holders.find(session, holder_id, ATTACH_KINDS.values(), "attachment")
+        alloc = holder.alloc
+        if holder.kind == "attach-w" and not alloc.unlinked:
+            self._seal(alloc, session.cred, "detach", parity if planned else None)
+        self._remove_holder(holder)
+        return describe(alloc)
+
+    def seal_job(self, path: str, cred: Credentials, session: Session) -> ParityJob | None:
+        """Step one of seal: its checks, and the parity it encodes."""
+        alloc = self._sealable(path, cred, session)
+        return self.integrity.job_seal(alloc)
+
+    def seal(self, path: str, cred: Credentials, session: Session, *,
+             parity: ParityJob | None = None, planned: bool = False) -> dict:
+        """Declare the data written by an attached writer complete. The writer itself may
+        seal while attached; anyone with write permission may seal an allocation whose
+        writer is gone (it crashed: the allocation stays unsealed until then)."""
+        alloc = self._sealable(path, cred, session)
+        self._seal(alloc, cred, "seal", parity if planned else None)
+        return describe(alloc, holders=True)
+
+    def _sealable(self, path: str, cred: Credentials, session: Session) -> Allocation:
+        alloc = self.ns.lookup_allocation(path, cred)
+        require(alloc, cred, R | W)
+        self.holders.require_no_other_writer(alloc, session)
+        return alloc
+
+    def _seal(self, alloc: Allocation, cred: Credentials, reason: str,
+              job: ParityJob | None = None) -> None:
+        if alloc.unsealed:
+            self.integrity.encode_sealed(alloc, job)
+            with self.journal.change(durable=alloc.durable):
+                self.journal.keep(alloc, "unsealed", "modified_ns", "changed_ns")
+                alloc.unsealed = False
+                alloc.modified_ns = alloc.changed_ns = time.time_ns()
+                self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
+                                          changed_ns=alloc.changed_ns, unsealed=SEALED)
+                self.journal.event("seal", alloc, cred, reason=reason)
+
+    def export_dmabuf(self, path: str, cred: Credentials) -> tuple[int, dict]:
+        """A dma-buf fd of the whole capacity, for RDMA registration. A NIC may read and
+        write it, so it needs read and write permission. It is not a holder: it bypasses
+        the one-writer lock, like any RDMA registration (docs/cuda.md)."""
+        alloc = self.ns.lookup_allocation(path, cred)
+        require(alloc, cred, R | W)
+        self.custody.require_memory(alloc)
+        return self.backend.export_dmabuf(alloc.buffer), describe(alloc)
+
+    def close_handle(self, session: Session, holder_id: int, *, written: dict | None = None,
+                     parity: ParityJob | None = None, planned: bool = False):
+        holder = self.handle(session, holder_id)
+        alloc = holder.alloc
+        if holder.kind == "write" and not alloc.unlinked:
+            self.integrity.finish(parity if planned else self.integrity.job_all(alloc))
+            if written:
+                with self.journal.change(durable=False):
+                    alloc.modified_ns = alloc.changed_ns = time.time_ns()
+                    self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
+                                              changed_ns=alloc.changed_ns)
+                    self.journal.event("write", alloc, session.cred, **written)
+        self._remove_holder(holder)
+
+    def open_mount(self, alloc: Allocation, cred: Credentials, session: Session,
+                   writable: bool) -> Holder:
+        """open(2) on the mount. The kernel has checked the permission (default_permissions);
+        a lost allocation cannot be opened (EIO), a pending one can (it gets memory when
+        written or truncated)."""
+        if alloc.state == "lost":
+            self.custody.require_memory(alloc)
+        return self.holders.add(alloc, session, MOUNT_KINDS[writable], cred)
+
+    def truncate_on_open(self, alloc: Allocation, cred: Credentials,
+                         session: Session) -> None:
+        """open(2) with O_TRUNC: truncate(2) to 0 (the kernel checked write permission).
+        POSIX moves mtime and ctime even when it was empty."""
+        before = alloc.modified_ns
+        self.resize(alloc, cred, 0, session=session, authorised=True)
+        if alloc.modified_ns == before:            # it was empty: nothing changed
+            self.setattr(alloc.id, cred, mtime_ns=NOW, authorised=True)
+
+    def release_mount(self, holder: Holder, *, parity: ParityJob | None = None,
+                      planned: bool = False) -> None:
+        """close(2) of the last descriptor of a mount handle. A handle that wrote syncs; the
+        last writer gives back capacity left spare by write growth (one device copy)."""
+        alloc = holder.alloc
+        try:
+            if holder.kind == "mount-w" and not alloc.unlinked:
+                self.sync(alloc, parity=parity, planned=planned)
+                if len(alloc.holders_of("mount-w")) == 1:
+                    self._trim(alloc)
+        finally:
+            self._remove_holder(holder)
+
+    def _trim(self, alloc: Allocation) -> None:
+        if alloc.state != "ready" or alloc.holders_of(*IO_KINDS):
+            return      # a socket client holds an fd to this memory: keep it
+        dev = self.backend.device(alloc.device)
+        fit = max(dev.granularity, round_up(alloc.size, dev.granularity))
+        if (alloc.capacity or 0) > fit:
+            old_size = alloc.size
+            self.custody.reallocate(alloc, dev, alloc.size, fit, lambda: self._commit_size(
+                alloc, DAEMON, old_size, fit, old_size))
+            self._protect_resized(alloc, alloc.size, fresh=False)
+
+    def _remove_holder(self, holder: Holder) -> None:
+        """Drop a holder; free the memory if that was the last thing keeping it."""
+        self.holders.drop(holder)
+        alloc = holder.alloc
+        if alloc.holders:
+            return
+        if alloc.unlinked:
+            self.custody.free(alloc)
+        elif alloc.leased and not alloc.durable:
+            with self.journal.change(durable=False):
+                self.ns.forget(alloc)
+                self.journal.event("release", alloc, None,
+                                   reason="last holder of a leased allocation is gone")
+            alloc.unlinked = True
+            self.custody.free(alloc)
+
+    def session_jobs(self, session: Session) -> dict[int, ParityJob | None]:
+        return {h.id: self.parity_job(h) for h in list(session.holders.values())
+                if h.kind == "write"}
+
+    def open_session(self, cred: Credentials, client: str = "") -> Session:
+        return self.holders.open_session(cred, client)
+
+    def close_session(self, session: Session,
+                      parity: dict[int, ParityJob | None] | None = None) -> None:
+        """The connection ended (closed, or its process died): release what it held. An
+        attached writer that did not detach leaves its allocation unsealed. `parity`:
+        session_jobs()'s jobs, by holder id, run meanwhile on worker threads."""
+        planned = parity or {}
+        for holder in self.holders.end_session(session):
+            alloc = holder.alloc
+            if holder.kind == "write" and not alloc.unlinked:
+                self.integrity.finish(planned[holder.id] if holder.id in planned
+                                      else self.integrity.job_all(alloc))
+            if holder.kind == "attach-w" and alloc.unsealed and not alloc.unlinked:
+                with self.journal.change(durable=False):
+                    self.journal.event("unsealed", alloc, session.cred, reason="the attached "
+                                       "writer's session ended without detach")
+            self._remove_holder(holder)

@@ -1,0 +1,123 @@
+"""Holders: who has an allocation open, and the lock between them.
+
+A holder is one open handle (fd passing), one attachment (a client mapped the memory), one
+lease (the allocation lives as long as its session), or one file open on the mount. Handles
+and attachments take part in "one writer or many readers"; leases and mount files do not
+(the mount follows POSIX: any number of opens). Every holder belongs to a session (one
+client connection); its registry row is the post-mortem record of who held what.
+
+What happens when the last holder goes (memory freed, a leased allocation released) is the
+verbs' concern (daemon/manager.py): this module only keeps the records and the rule.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+
+from gpumemctl.protocol import Busy, NotFound
+
+from .journal import Journal
+from .nodes import Allocation, Holder
+from .permissions import Credentials
+from .registry import Registry
+from .sessions import Session
+
+# Holders that take part in "one writer or many readers": handles opened for I/O, and clients
+# that mapped the memory (attach). Leases do not lock.
+IO_KINDS = ("read", "write", "attach-r", "attach-w")
+WRITER_KINDS = ("write", "attach-w")
+HANDLE_KINDS = {"r": "read", "rw": "write"}
+ATTACH_KINDS = {"r": "attach-r", "rw": "attach-w"}
+# Files open on the mount. They keep the memory of an unlinked file alive and count in the
+# refcount, but take no part in the lock: the mount follows POSIX (any number of opens), and
+# its handles hold no fd to the memory, so a resize under them is safe.
+MOUNT_KINDS = ("mount-r", "mount-w")
+
+
+class Holders:
+    def __init__(self, registry: Registry, journal: Journal):
+        self.registry = registry
+        self.journal = journal
+        self.sessions: dict[int, Session] = {}
+        self._ids = itertools.count(1)
+
+    # ---- sessions -----------------------------------------------------------------------
+    def open_session(self, cred: Credentials, client: str = "") -> Session:
+        session = Session(cred=cred, client=client)
+        self.sessions[session.id] = session
+        return session
+
+    def end_session(self, session: Session) -> list[Holder]:
+        """The session is over; returns what it still held, for the caller to release."""
+        session.closed = True
+        self.sessions.pop(session.id, None)
+        return list(session.holders.values())
+
+    # ---- the lock -----------------------------------------------------------------------
+    @staticmethod
+    def require_lockable(alloc: Allocation, writable: bool) -> None:
+        """One writer or many readers: Busy if the request conflicts with a holder."""
+        conflicting = alloc.holders_of(*(IO_KINDS if writable else WRITER_KINDS))
+        if conflicting:
+            raise Busy(f"'{alloc.path}' is locked: " + ", ".join(
+                f"{h.kind} by pid {h.pid}" for h in conflicting))
+
+    @staticmethod
+    def require_no_others(alloc: Allocation, session: Session | None, what: str) -> None:
+        """Busy if a handle or attachment outside `session` holds an fd to the memory."""
+        others = [h for h in alloc.holders_of(*IO_KINDS)
+                  if session is None or h.session is not session]
+        if others:
+            raise Busy(f"'{alloc.path}' is in use ({others[0].kind} by pid {others[0].pid}); "
+                       f"it cannot be {what} now")
+
+    @staticmethod
+    def require_no_other_writer(alloc: Allocation, session: Session) -> None:
+        others = [h for h in alloc.holders_of(*WRITER_KINDS) if h.session is not session]
+        if others:
+            raise Busy(f"'{alloc.path}' is being written ({others[0].kind} by pid "
+                       f"{others[0].pid}); only that writer may seal it now")
+
+    @staticmethod
+    def busy_message(alloc: Allocation) -> str:
+        users = ", ".join(f"{h.kind} by pid {h.pid}" for h in alloc.holders_of(*IO_KINDS))
+        return f"'{alloc.path}' is busy ({users}); use --force to remove it anyway"
+
+    # ---- records ------------------------------------------------------------------------
+    @staticmethod
+    def find(session: Session, holder_id: int, kinds, what: str) -> Holder:
+        holder = session.holders.get(holder_id)
+        if holder is None or holder.kind not in kinds:
+            raise NotFound(f"no {what} {holder_id} in this session")
+        return holder
+
+    def add(self, alloc: Allocation, session: Session, kind: str,
+            cred: Credentials | None = None) -> Holder:
+        """A new holder; its registry row is skipped for files open on the mount: a
+        transaction per open(2) would halve the mount's create rate, and those handles all
+        belong to the daemon's own session."""
+        cred = cred or session.cred
+        holder = Holder(id=next(self._ids), kind=kind, session=session, alloc=alloc,
+                        pid=cred.pid, uid=cred.uid, since_ns=time.time_ns())
+        if kind not in MOUNT_KINDS:
+            with self.journal.change(durable=False, batch=True):
+                self.registry.add_holder(holder.id, alloc.id, session.id, kind, holder.pid,
+                                         holder.uid, holder.since_ns)
+        alloc.holders[holder.id] = holder
+        session.holders[holder.id] = holder
+        self.journal.node_changed(alloc)
+        return holder
+
+    def drop(self, holder: Holder) -> None:
+        """The record goes from the registry first: if that fails, the holder stays in
+        both (the verb fails and changes nothing)."""
+        if holder.kind not in MOUNT_KINDS:
+            with self.journal.change(durable=False, batch=True):
+                self.registry.remove_holder(holder.id)
+        holder.alloc.holders.pop(holder.id, None)
+        holder.session.holders.pop(holder.id, None)
+        self.journal.node_changed(holder.alloc)
+
+    def drop_all(self, alloc: Allocation) -> None:
+        for holder in list(alloc.holders.values()):
+            self.drop(holder)
