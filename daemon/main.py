@@ -212,8 +212,7 @@ class GroupCommit:
         self.registry = registry
         self.wake = trio.Event()
         self.stale = False          # a batch was lost: rows must be rewritten from memory
-        self.registry.group_commit = True
-        self.registry.on_batch = lambda: self.wake.set()
+        registry.enable_group_commit(lambda: self.wake.set())
 
     async def run(self) -> None:
         while True:

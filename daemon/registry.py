@@ -213,7 +213,7 @@ class Registry:
         self._batched = False       # transient changes released in it and not committed
         self._want_full = False
         self._want_now = False
-        self.group_commit = False   # see transaction(); the daemon turns it on
+        self.group_commit = False   # see transaction(); enable_group_commit() turns it on
         self.on_batch: Callable[[], None] | None = None   # a batch starts: schedule flush()
         self.batch_lost = False     # a failed commit took answered batched changes with it
         self.created = False        # this open made the registry (there was none)
@@ -289,6 +289,11 @@ class Registry:
         self.db.execute("INSERT INTO meta VALUES ('instance', ?)", (os.urandom(8).hex(),))
 
     # ---- transactions -----------------------------------------------------------------
+    def enable_group_commit(self, on_batch: Callable[[], None] | None = None) -> None:
+        """Batch the changes marked `batch` (below); `on_batch` is told when a batch starts,
+        so that its owner schedules flush() (daemon/main.GroupCommit)."""
+        self.group_commit, self.on_batch = True, on_batch
+
     # Group commit: with `group_commit` on (the daemon turns it on), a change marked `batch`
     # (it concerns only transient allocations and holders, which no restart keeps) is not
     # committed on its own: it is released as a savepoint inside one open SQLite
