@@ -94,7 +94,7 @@ class Custody:
         with self.journal.change(durable=True):
             self.registry.clear_holders()
             if kept or strays:      # no new id may alias a key the keeper holds
-                self.registry.reserve_node_ids(max(abs(k) for k in [*kept, *strays]))
+                self.ns.reserve_ids_up_to(max(abs(k) for k in [*kept, *strays]))
             self._adopt_listed(kept, summary)
             for key, fds in kept.items():
                 self.free_orphan(key, fds)
@@ -178,6 +178,32 @@ class Custody:
         if the keeper took it."""
         self.withdraw_quietly(prepared.alloc.id)
         self.free(prepared.alloc)
+
+    def send_begin(self, deposit: Deposit) -> Callable[[], None] | None:
+        """send() with the answer awaited on the event loop only briefly (the keeper's
+        call_begin): None when done, else what waits for the rest, for a worker thread."""
+        try:
+            rest = self.keeper.deposit_begin(deposit.key, deposit.fds, deposit.meta)
+        except KeeperGone as exc:
+            raise self._refused(deposit, exc) from None
+        finally:
+            for fd in deposit.fds:      # sent (or failed): the keeper has its own copies
+                os.close(fd)
+        if rest is None:
+            return None
+
+        def wait() -> None:
+            try:
+                rest()
+            except KeeperGone as exc:
+                raise self._refused(deposit, exc) from None
+        return wait
+
+    @staticmethod
+    def _refused(deposit: Deposit, exc: KeeperGone) -> Exception:
+        if isinstance(exc, KeeperStalled):   # busy, not broken: it works once it answers
+            return Busy(f"cannot {deposit.what} now: {exc}")
+        return InternalError(f"cannot {deposit.what}: {exc}")
 
     def send(self, deposit: Deposit) -> None:
         """Give the keeper a deposit, closing its fds. Touches nothing but the keeper link,

@@ -8,12 +8,15 @@ Keys are allocation ids (registry row ids, never reused).
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import NoReturn
 
 from gpumemctl.protocol import framing
 
@@ -29,6 +32,9 @@ START_TIMEOUT = 30.0
 # call that finds another in flight waits this long for it, then says the keeper is busy:
 # the loop never waits a stalled keeper's full timeout behind a worker.
 QUEUE_WAIT = 0.25
+# How long the loop waits for the answer to a call it may hand to a worker (call_begin):
+# far above a keeper's normal answer time, far below what a client notices.
+QUICK_WAIT = 0.02
 
 
 class KeeperGone(Exception):
@@ -135,16 +141,44 @@ class ProcessKeeper:
         return env
 
     def _call(self, op: str, fds: list[int] | None = None, **args) -> dict:
+        self._acquire()
+        try:
+            self._send(op, fds, args)
+            return self._answer(op, CALL_TIMEOUT)
+        finally:
+            self._lock.release()
+
+    def call_begin(self, op: str, fds: list[int] | None = None,
+                   **args) -> Callable[[], dict] | dict:
+        """A call whose answer the event loop waits for only QUICK_WAIT (a keeper answers
+        in well under a millisecond): the answer, or a function that waits for the rest of
+        CALL_TIMEOUT, for a worker thread (it holds the connection until it returns)."""
+        self._acquire()
+        try:
+            self._send(op, fds, args)
+            assert self.sock is not None
+            if select.select([self.sock], [], [], QUICK_WAIT)[0]:
+                answer = self._answer(op, CALL_TIMEOUT)
+                self._lock.release()
+                return answer
+        except BaseException:
+            self._lock.release()
+            raise
+
+        def rest() -> dict:
+            try:
+                return self._answer(op, CALL_TIMEOUT - QUICK_WAIT)
+            finally:
+                self._lock.release()
+        return rest
+
+    def _acquire(self) -> None:
         if not self._lock.acquire(timeout=QUEUE_WAIT):
             raise KeeperStalled(f"the keeper (pid {self.pid}) is still busy with an earlier "
                                 f"request after {QUEUE_WAIT} s; durable changes wait until it "
                                 "answers")
-        try:
-            return self._call_locked(op, fds, **args)
-        finally:
-            self._lock.release()
 
-    def _call_locked(self, op: str, fds: list[int] | None, **args) -> dict:
+    def _send(self, op: str, fds: list[int] | None, args: dict) -> None:
         if self.stalled_since is not None:
             waited = time.monotonic() - self.stalled_since
             raise KeeperStalled(f"the keeper (pid {self.pid}) has not answered for "
@@ -157,24 +191,45 @@ class ProcessKeeper:
         self._next_id += 1
         try:
             framing.send_frame(self.sock, {"id": self._next_id, "op": op, **args}, fds or [])
+        except TimeoutError:
+            self._stall(op)
+        except OSError as exc:
+            self.close()
+            raise KeeperGone(f"lost the keeper: {exc}") from None
+
+    def _answer(self, op: str, timeout: float) -> dict:
+        assert self.sock is not None
+        try:
+            self.sock.settimeout(timeout)
             reply, extra = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
         except TimeoutError:
-            self.close()
-            self.stalled_since = time.monotonic()
-            raise KeeperStalled(f"the keeper (pid {self.pid}) did not answer {op!r} within "
-                                f"{CALL_TIMEOUT:.0f} s; durable changes wait until it "
-                                "does") from None
+            self._stall(op)
         except (OSError, EOFError) as exc:
             self.close()
             raise KeeperGone(f"lost the keeper: {exc}") from None
+        finally:
+            if self.sock is not None:
+                self.sock.settimeout(CALL_TIMEOUT)
         framing.close_fds(extra)
         if not reply.get("ok"):
             raise KeeperGone(f"keeper refused {op}: {reply.get('error')}")
         return reply["result"]
 
+    def _stall(self, op: str) -> NoReturn:
+        self.close()
+        self.stalled_since = time.monotonic()
+        raise KeeperStalled(f"the keeper (pid {self.pid}) did not answer {op!r} within "
+                            f"{CALL_TIMEOUT:.0f} s; durable changes wait until it does")
+
     # ---- the interface ----------------------------------------------------------------
     def deposit(self, key: int, fds: list[int], meta: dict) -> None:
         self._call("deposit", fds, key=str(key), meta=meta)
+
+    def deposit_begin(self, key: int, fds: list[int], meta: dict) -> Callable[[], object] | None:
+        """deposit() whose answer the loop waits for at most QUICK_WAIT (call_begin): None
+        when done, else what waits for the rest (the fds are sent either way)."""
+        rest = self.call_begin("deposit", fds, key=str(key), meta=meta)
+        return rest if callable(rest) else None
 
     def withdraw(self, key: int) -> None:
         self._call("withdraw", key=str(key))
@@ -252,6 +307,10 @@ class SystemdFdStore:
         for i, fd in enumerate(fds):
             systemd.notify(f"FDSTORE=1\nFDNAME={self._name(key, i)}", [fd])
         self.held[key] = len(fds)
+
+    def deposit_begin(self, key: int, fds: list[int], meta: dict) -> None:
+        """As ProcessKeeper's: the fd store answers nothing, so it is done at once."""
+        self.deposit(key, fds, meta)
 
     def withdraw(self, key: int) -> None:
         for i in range(self.held.pop(key, 0)):

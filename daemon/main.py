@@ -156,6 +156,7 @@ async def supervise_keeper(manager: AllocationManager, keeper) -> None:
 
 
 STALL_PROBE_SECONDS = 0.5
+SWITCH_INTERVAL = 0.0005     # seconds: sys.setswitchinterval (main(), before trio.run)
 
 
 async def resume_stalled_keeper(manager: AllocationManager, keeper) -> None:
@@ -414,6 +415,11 @@ def _main(args) -> int:
                                            "keeper_kind": keeper.kind, "mount": mount_path},
                     scrubber=Scrubber(manager, default_rate=args.scrub_rate))
     mount = Mount(manager, mount_path) if mount_path else None
+    # The event loop shares the GIL with worker threads that encode parity (daemon/offload):
+    # at each system call it gives the GIL up, and CPython makes it wait a whole switch
+    # interval to take it back from a busy thread. 5 ms by default, several times per
+    # request; 0.5 ms keeps a request's wait small at a small cost to the workers.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         if mount is not None:
             mount.open()

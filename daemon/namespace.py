@@ -61,8 +61,10 @@ class Namespace:
         # Told of changes the kernel may have cached (daemon/fs.py invalidates its dentries
         # and attributes): watcher.entry_changed(parent_id, name), attrs_changed(node_id).
         self.watchers: list = []
+        self._next_id = 0           # the next id to give (load(); reserve_ids)
 
     def load(self) -> None:
+        self._next_id = self.registry.next_node_id()
         rows = self.registry.load_nodes()
         for row in rows:
             self.nodes[row["id"]] = self._node_from_row(row)
@@ -184,8 +186,7 @@ class Namespace:
                    changed_ns=now, accessed_ns=now)
         db_fields = {k: v for k, v in alloc_fields.items()
                      if k not in ("buffer", "parity", "leased")}
-        if node_id is not None:
-            row["id"] = node_id
+        row["id"] = node_id if node_id is not None else self.reserve_ids(1)[0]
         node_id = self.registry.insert_node(**row, **db_fields)
         node = cls(id=node_id, name=name, parent=parent, uid=cred.uid, gid=gid, mode=mode,
                    created_ns=now, modified_ns=now, changed_ns=now, **alloc_fields)
@@ -195,9 +196,18 @@ class Namespace:
     def reserve_ids(self, count: int) -> list[int]:
         """Ids no node has or will be given, in order: a key to deposit under before the
         row that takes it is inserted (Custody.send off the event loop, then insert_node),
-        and the ids of the directories made with it, so that parents keep smaller ids."""
-        with self.journal.change(durable=False, batch=True):
-            return self.registry.reserve_next_node_ids(count)
+        and the ids of the directories made with it, so that parents keep smaller ids.
+        Taken in memory: every insert names its id (AUTOINCREMENT's sequence follows), and
+        one reserved but never inserted is a gap, as a rolled-back insert's is."""
+        first = self._next_id
+        self._next_id += count
+        return list(range(first, first + count))
+
+    def reserve_ids_up_to(self, up_to: int) -> None:
+        """Make every future id larger than `up_to` (ids are keeper keys: start-up keeps
+        new ids from aliasing what the keeper holds)."""
+        self.registry.reserve_node_ids(up_to)
+        self._next_id = max(self._next_id, up_to + 1)
 
     def check_not_reserved(self, parent: Directory, name: str) -> None:
         if parent is self.root and name in RESERVED_AT_ROOT:

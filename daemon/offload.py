@@ -37,11 +37,14 @@ def _get(var, make):
         return value
 
 
-async def keeper_call(fn: Callable[..., T], *args) -> T:
-    """A call that talks to the keeper (it answers in well under a millisecond, or not
-    for CALL_TIMEOUT when stalled). One at a time: the keeper link serialises them."""
+async def keeper_call(rest: Callable[[], T] | None) -> T | None:
+    """The rest of a keeper call the loop began (Custody.send_begin): the keeper answers in
+    well under a millisecond, and then there is no rest; a stalled one is waited for here,
+    on a worker thread, for up to CALL_TIMEOUT."""
+    if rest is None:
+        return None
     limiter = _get(_KEEPER, lambda: trio.CapacityLimiter(1))
-    return await trio.to_thread.run_sync(fn, *args, limiter=limiter)
+    return await trio.to_thread.run_sync(rest, limiter=limiter)
 
 
 def deposits() -> trio.Lock:

@@ -445,12 +445,10 @@ class Registry:
                 self.db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('nodes', ?)",
                                 (up_to,))
 
-    def reserve_next_node_ids(self, count: int) -> list[int]:
-        """The next `count` AUTOINCREMENT ids, taken now: later inserts get larger ones."""
-        first = max(self.last_node_id(), self.db.execute(
+    def next_node_id(self) -> int:
+        """The id AUTOINCREMENT would give the next row."""
+        return max(self.last_node_id(), self.db.execute(
             "SELECT coalesce(max(id), 0) FROM nodes").fetchone()[0]) + 1
-        self.reserve_node_ids(first + count - 1)
-        return list(range(first, first + count))
 
     def set_meta(self, key: str, value: str) -> None:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))

@@ -30,7 +30,8 @@ async def create(call: Call) -> Reply:
         prepared = m.prepare_create(a["path"], call.session.cred, **request)
         if prepared is not None:
             try:
-                await offload.keeper_call(m.custody.send, m.custody.handover(prepared.alloc))
+                await offload.keeper_call(m.custody.send_begin(m.custody.handover(
+                    prepared.alloc)))
             except BaseException:
                 m.abandon(prepared)
                 raise
@@ -57,7 +58,7 @@ async def durable(call: Call) -> Reply:
     async with offload.deposits():          # as create: the deposit off the loop
         deposit = m.prepare_durable(a["path"], call.session.cred)
         if deposit is not None:
-            await offload.keeper_call(m.custody.send, deposit)
+            await offload.keeper_call(m.custody.send_begin(deposit))
         try:
             return m.set_durable(a["path"], call.session.cred, True, deposited=deposit), []
         except BaseException:

@@ -76,6 +76,9 @@ class InProcessKeeper:
     def deposit(self, key: int, fds: list[int], meta: dict) -> None:
         self._held().put(key, fds, meta)
 
+    def deposit_begin(self, key: int, fds: list[int], meta: dict) -> None:
+        self.deposit(key, fds, meta)          # answered at once: nothing left to wait for
+
     def withdraw(self, key: int) -> None:
         self._held().drop(key)
 
