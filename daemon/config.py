@@ -119,6 +119,18 @@ def _event_log_size(value) -> int:
     return size
 
 
+def _count(low: int, high: int) -> Callable[[Any], int]:
+    def parse(value):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise BadValue(f"expected a whole number from {low} to {high}")
+        return value
+    return parse
+
+
+DEFAULT_MAX_CONNECTIONS = 4096
+DEFAULT_MAX_CONNECTIONS_PER_UID = 256
+
+
 @dataclasses.dataclass(frozen=True)
 class Key:
     name: str
@@ -156,6 +168,13 @@ KEYS: tuple[Key, ...] = (
     Key("event_log_size", "size", "64M",
         "bytes of event-log text (details and paths) the registry keeps, at least 64K; the "
         "oldest events go first, as they do past 100,000 events", _event_log_size),
+    Key("max_connections", "integer", str(DEFAULT_MAX_CONNECTIONS),
+        "client connections open at once, all users together (kept below the open-file "
+        "limit); root and the daemon's own uid may always open a few more",
+        _count(16, 1 << 20)),
+    Key("max_connections_per_uid", "integer", str(DEFAULT_MAX_CONNECTIONS_PER_UID),
+        "client connections one uid may hold open at once; root and the daemon's own uid "
+        "are not limited by it", _count(1, 1 << 20)),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -177,6 +196,8 @@ class Config:
     host_capacity: int | None = None
     log_level: str | None = None
     event_log_size: int | None = None
+    max_connections: int | None = None
+    max_connections_per_uid: int | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -278,5 +299,8 @@ def apply(args, config: Config) -> None:
     args.scrub_rate = config.scrub_rate or None     # 0: the duty cycle (daemon/scrub.py)
     args.quotas = dict(config.quotas)
     args.event_log_size = config.event_log_size     # None: the registry's default (64 MiB)
+    args.max_connections = config.max_connections or DEFAULT_MAX_CONNECTIONS
+    args.max_connections_per_uid = (config.max_connections_per_uid
+                                    or DEFAULT_MAX_CONNECTIONS_PER_UID)
     args.config_path = config.path
 

@@ -13,6 +13,7 @@ import fcntl
 import functools
 import logging
 import os
+import resource
 import signal
 import socket
 import sqlite3
@@ -32,6 +33,7 @@ from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
 from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
 from .scrub import Scrubber
 from .server import VERSION, Server
+from .server.transport import ConnectionLimits
 
 log = logging.getLogger("gpumemd")
 
@@ -153,6 +155,17 @@ async def supervise_keeper(manager: AllocationManager, keeper) -> None:
         except (KeeperGone, GpumemError, OSError) as exc:
             log.error("cannot restart the keeper: %s; retrying in 1 s", exc)
             await trio.sleep(1)
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft open-file limit to the hard one (every client connection is an fd;
+    systemd's default soft limit is 1024) and return it; max_connections stays below."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 STALL_PROBE_SECONDS = 0.5
@@ -413,7 +426,9 @@ def _main(args) -> int:
     mount_path = os.path.abspath(args.mount) if args.mount else None
     server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path},
-                    scrubber=Scrubber(manager, default_rate=args.scrub_rate))
+                    scrubber=Scrubber(manager, default_rate=args.scrub_rate),
+                    limits=ConnectionLimits(args.max_connections, args.max_connections_per_uid,
+                                            fd_limit=raise_fd_limit()))
     mount = Mount(manager, mount_path) if mount_path else None
     # The event loop shares the GIL with worker threads that encode parity (daemon/offload):
     # at each system call it gives the GIL up, and CPython makes it wait a whole switch

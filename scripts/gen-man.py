@@ -404,6 +404,7 @@ CONF_TYPES = {
             "\"2GB\" (K, M, G, T and KiB to TiB are powers of 1024; kB, MB, GB and TB powers "
             "of 1000)",
     "table": "a TOML table of its own, [NAME], with one line per entry",
+    "integer": "a whole number, without quotes",
 }
 
 # Written text that a key's one-line doc in config.KEYS cannot carry: shown as a second
@@ -440,6 +441,8 @@ CONF_EXAMPLE = [
     'host_capacity = "64G"            # the host backend only',
     'log_level = "info"',
     'event_log_size = "64M"           # bytes of event text kept (and at most 100,000 events)',
+    "max_connections = 4096           # client connections, all users together",
+    "max_connections_per_uid = 256    # client connections one user may hold",
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",
     '1000 = "16G"                     # a uid, written as a key',

@@ -28,11 +28,12 @@ from gpumemctl.protocol import (
 from gpumemctl.protocol.release import VERSION
 
 from .. import offload
+from ..config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_UID
 from ..sessions import Session
 from . import ops, status, streams
 from .call import Call
 from .schema import validate
-from .transport import Connection, listen
+from .transport import Connection, ConnectionLimits, listen
 
 if TYPE_CHECKING:
     from ..manager import AllocationManager
@@ -40,12 +41,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpumemd")
 CLIENT_NAME_CHARS = 100     # what of hello's `client` is kept (it names the session in logs)
+HANDSHAKE_SECONDS = 5.0     # a connection must say hello within this long
 
 
 class Server:
     def __init__(self, manager: AllocationManager, socket_path: str, info: dict, *,
-                 scrubber: Scrubber | None = None):
+                 scrubber: Scrubber | None = None, limits: ConnectionLimits | None = None):
+        """`limits`: how many connections each user may hold (config max_connections,
+        max_connections_per_uid)."""
         self.manager = manager
+        self.limits = limits or ConnectionLimits(DEFAULT_MAX_CONNECTIONS,
+                                                 DEFAULT_MAX_CONNECTIONS_PER_UID)
         self.scrubber = scrubber      # daemon/scrub.py
         self.socket_path = socket_path
         self.info = info              # daemon facts for hello/status
@@ -53,27 +59,28 @@ class Server:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
-        await listen(self.socket_path, self._connection, task_status=task_status)
+        await listen(self.socket_path, self._connection, self.limits,
+                     task_status=task_status)
 
     async def _devices(self) -> list[dict]:
         """The devices with telemetry, as `devices` answers (tests/unit/test_nvml.py)."""
         return await status.devices_with_telemetry(self.manager)
 
     # ---- a connection -----------------------------------------------------------------------
-    async def _connection(self, sock: trio.socket.SocketType) -> None:
+    async def _connection(self, conn: Connection) -> None:
         session: Session | None = None
-        conn: Connection | None = None
         try:
-            conn = Connection(sock)
-            session = await self._handshake(conn)
+            with trio.move_on_after(HANDSHAKE_SECONDS):     # a silent peer is let go
+                session = await self._handshake(conn)
+            if session is None:
+                return
             while True:
                 msg, fds = await conn.receive()
                 if not await self._request(conn, session, msg, fds):
                     break
         except ProtocolError as exc:
             log.warning("closing a connection: %s", exc)
-            if conn is not None:
-                await conn.fail_quietly(None, exc)
+            await conn.fail_quietly(None, exc)
         except (EOFError, ConnectionError, trio.BrokenResourceError, OSError):
             pass
         except Exception:  # a bug in one connection must not stop the daemon
@@ -83,7 +90,7 @@ class Server:
                 if session is not None:
                     await self._end_session(session)
             finally:
-                sock.close()
+                conn.close()
 
     async def _end_session(self, session: Session) -> None:
         """Release what the session held; the parity its writers need is encoded on worker

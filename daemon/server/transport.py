@@ -7,17 +7,22 @@ answers, errors and the extra frames of streams and progress (docs/protocol.md, 
 """
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
 
-from gpumemctl.protocol import GpumemError, framing
+from gpumemctl.protocol import Busy, GpumemError, ProtocolError, framing
 
 from ..permissions import Credentials, supplementary_groups
+
+log = logging.getLogger("gpumemd")
 
 # Anyone may connect; each request is authorised by its peer credentials (docs/protocol.md).
 SOCKET_MODE = 0o666
@@ -31,19 +36,143 @@ def peer_credentials(sock: trio.socket.SocketType) -> Credentials:
     return Credentials(pid=pid, uid=uid, gid=gid, groups=supplementary_groups(pid))
 
 
+# accept() failing for want of file descriptors or memory: wait and try again, never stop.
+OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+BACKOFF_FIRST, BACKOFF_MAX = 0.01, 1.0
+# A refused connection hears why (one error frame) if it asks within this long; at most
+# REFUSING of them wait at once, the rest are closed at once.
+REFUSAL_WAIT, REFUSING = 1.0, 64
+# Of the open-file limit, kept for everything but connections: allocations' fds in flight,
+# the registry, the keeper, the mount, NVML, worker threads.
+FDS_KEPT = 512
+# Connections root and the daemon's uid may open past max_connections.
+PRIVILEGED_EXTRA = 32
+
+
+class ConnectionLimits:
+    """Who may hold how many connections (docs/security.md): `per_uid` for each user but
+    root and the daemon's own uid, `total` for all together, with PRIVILEGED_EXTRA more for
+    those two, so that a flood by one user never locks the administrator out."""
+
+    def __init__(self, total: int, per_uid: int, fd_limit: int | None = None):
+        if fd_limit is not None:
+            total = max(16, min(total, fd_limit - FDS_KEPT - PRIVILEGED_EXTRA))
+        self.total, self.per_uid = total, per_uid
+        self.open: dict[int, int] = {}
+        self.count = 0
+        self.refusing = 0
+        self.refused = 0                # since the last log line about it
+        self._logged = 0.0
+
+    @staticmethod
+    def privileged(uid: int) -> bool:
+        return uid == 0 or uid == os.geteuid()
+
+    def admit(self, uid: int) -> GpumemError | None:
+        """Count a new connection of `uid` in, or say why it is refused."""
+        if self.privileged(uid):
+            if self.count >= self.total + PRIVILEGED_EXTRA:
+                return Busy(f"gpumemd has {self.count} connections open, the most it "
+                            f"serves; try again later")
+        elif self.count >= self.total:
+            return Busy(f"gpumemd has {self.count} connections open (max_connections "
+                        f"{self.total}); try again later")
+        elif self.open.get(uid, 0) >= self.per_uid:
+            return Busy(f"uid {uid} has {self.open[uid]} connections open to gpumemd "
+                        f"(max_connections_per_uid {self.per_uid}); close some first")
+        self.open[uid] = self.open.get(uid, 0) + 1
+        self.count += 1
+        return None
+
+    def release(self, uid: int) -> None:
+        self.count -= 1
+        left = self.open[uid] - 1
+        if left:
+            self.open[uid] = left
+        else:
+            del self.open[uid]
+
+    def note_refused(self, uid: int, why: GpumemError) -> None:
+        """Log refusals at most once a minute: a flood must not flood the log too."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._logged >= 60:
+            log.warning("refused %d connection(s) in the last minute; the last one of uid "
+                        "%d: %s", self.refused, uid, why.message)
+            self._logged, self.refused = now, 0
+
+
 async def listen(socket_path: str,
-                 on_connection: Callable[[trio.socket.SocketType], Awaitable[None]], *,
+                 on_connection: Callable[[Connection], Awaitable[None]],
+                 limits: ConnectionLimits, *,
                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Accept connections on `socket_path` for ever, each handled by its own task."""
+    """Accept connections on `socket_path` for ever, each handled by its own task. A
+    failing accept() (out of fds or memory) waits and goes on: it never ends the loop."""
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     await listener.bind(socket_path)
     os.chmod(socket_path, SOCKET_MODE)
     listener.listen(socket.SOMAXCONN)
+    backoff, starved_since = BACKOFF_FIRST, None
     async with trio.open_nursery() as nursery:
         task_status.started()
         while True:
-            conn, _ = await listener.accept()
-            nursery.start_soon(on_connection, conn)
+            try:
+                sock, _ = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in OUT_OF_RESOURCES:
+                    log.warning("accept() on %s failed: %s; going on", socket_path, exc)
+                    continue
+                if starved_since is None:
+                    starved_since = time.monotonic()
+                    log.error("accept() on %s failed: %s; new connections wait until "
+                              "descriptors are free (max_connections: docs/config.md)",
+                              socket_path, exc)
+                await trio.sleep(backoff)
+                backoff = min(BACKOFF_MAX, backoff * 2)
+                continue
+            if starved_since is not None:
+                log.warning("accepting connections again after %.1f s",
+                            time.monotonic() - starved_since)
+                backoff, starved_since = BACKOFF_FIRST, None
+            nursery.start_soon(_admitted, sock, on_connection, limits)
+
+
+async def _admitted(sock: trio.socket.SocketType,
+                    on_connection: Callable[[Connection], Awaitable[None]],
+                    limits: ConnectionLimits) -> None:
+    """Count the connection in (or refuse it with one Busy frame), serve it, count it out."""
+    try:
+        conn = Connection(sock)
+    except OSError:                     # gone before we looked at it
+        sock.close()
+        return
+    refusal = limits.admit(conn.cred.uid)
+    if refusal is not None:
+        limits.note_refused(conn.cred.uid, refusal)
+        await _refuse(conn, refusal, limits)
+        return
+    try:
+        await on_connection(conn)
+    finally:
+        limits.release(conn.cred.uid)
+
+
+async def _refuse(conn: Connection, why: GpumemError, limits: ConnectionLimits) -> None:
+    """Answer the hello (if it comes soon) with the refusal, then hang up."""
+    if limits.refusing >= REFUSING:
+        conn.close()
+        return
+    limits.refusing += 1
+    try:
+        with trio.move_on_after(REFUSAL_WAIT):
+            msg, fds = await conn.receive()
+            framing.close_fds(fds)
+            await conn.fail(msg.get("id"), why)
+    except (ProtocolError, EOFError, *PEER_GONE):
+        pass
+    finally:
+        limits.refusing -= 1
+        conn.close()
 
 
 class Connection:
