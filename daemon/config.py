@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import grp
 import os
 import pwd
 import re
@@ -119,6 +120,20 @@ def _event_log_size(value) -> int:
     return size
 
 
+def _group(value) -> int | None:
+    """admin_group: a group name that exists, or a gid; "" for none."""
+    if value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32 - 1:
+        return value
+    if isinstance(value, str):
+        try:
+            return grp.getgrnam(value).gr_gid
+        except KeyError:
+            raise BadValue(f"there is no group {value!r} on this machine") from None
+    raise BadValue('expected a group name in quotes, a gid, or "" for none')
+
+
 def _count(low: int, high: int) -> Callable[[Any], int]:
     def parse(value):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -175,6 +190,9 @@ KEYS: tuple[Key, ...] = (
     Key("max_connections_per_uid", "integer", str(DEFAULT_MAX_CONNECTIONS_PER_UID),
         "client connections one uid may hold open at once; root and the daemon's own uid "
         "are not limited by it", _count(1, 1 << 20)),
+    Key("admin_group", "string", '"" (none)',
+        "a group (name or gid) whose members may start and stop scrubs and recover other "
+        "users' allocations, as root and the daemon's own uid may", _group),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -198,6 +216,7 @@ class Config:
     event_log_size: int | None = None
     max_connections: int | None = None
     max_connections_per_uid: int | None = None
+    admin_group: int | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -299,6 +318,7 @@ def apply(args, config: Config) -> None:
     args.scrub_rate = config.scrub_rate or None     # 0: the duty cycle (daemon/scrub.py)
     args.quotas = dict(config.quotas)
     args.event_log_size = config.event_log_size     # None: the registry's default (64 MiB)
+    args.admin_group = config.admin_group
     args.max_connections = config.max_connections or DEFAULT_MAX_CONNECTIONS
     args.max_connections_per_uid = (config.max_connections_per_uid
                                     or DEFAULT_MAX_CONNECTIONS_PER_UID)

@@ -428,7 +428,8 @@ def _main(args) -> int:
                                            "keeper_kind": keeper.kind, "mount": mount_path},
                     scrubber=Scrubber(manager, default_rate=args.scrub_rate),
                     limits=ConnectionLimits(args.max_connections, args.max_connections_per_uid,
-                                            fd_limit=raise_fd_limit()))
+                                            fd_limit=raise_fd_limit()),
+                    admin_gid=args.admin_group)
     mount = Mount(manager, mount_path) if mount_path else None
     # The event loop shares the GIL with worker threads that encode parity (daemon/offload):
     # at each system call it gives the GIL up, and CPython makes it wait a whole switch

@@ -443,6 +443,7 @@ CONF_EXAMPLE = [
     'event_log_size = "64M"           # bytes of event text kept (and at most 100,000 events)',
     "max_connections = 4096           # client connections, all users together",
     "max_connections_per_uid = 256    # client connections one user may hold",
+    "admin_group = 27                 # a gid or a group name: scrub control, recover",
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",
     '1000 = "16G"                     # a uid, written as a key',

@@ -8,6 +8,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from gpumemctl.protocol import PermissionDenied
+
 from ..nodes import Node
 from ..sessions import Session
 
@@ -36,6 +38,19 @@ class Call:
 def privileged(session: Session) -> bool:
     """Root and the daemon's own user see everything."""
     return session.cred.is_root or session.cred.uid == os.geteuid()
+
+
+def administrator(call: Call) -> bool:
+    """Root, the daemon's own user, or a member of the configured admin_group: who may
+    control the scrub and recover other users' allocations (docs/security.md)."""
+    gid = call.server.admin_gid
+    return privileged(call.session) or (gid is not None and call.session.cred.in_group(gid))
+
+
+def require_administrator(call: Call, what: str) -> None:
+    if not administrator(call):
+        raise PermissionDenied(f"permission denied: only root, the daemon's user or a member "
+                               f"of the admin_group (docs/config.md) may {what}")
 
 
 def own_uid_unless_privileged(session: Session) -> int | None:

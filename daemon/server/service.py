@@ -46,10 +46,12 @@ HANDSHAKE_SECONDS = 5.0     # a connection must say hello within this long
 
 class Server:
     def __init__(self, manager: AllocationManager, socket_path: str, info: dict, *,
-                 scrubber: Scrubber | None = None, limits: ConnectionLimits | None = None):
+                 scrubber: Scrubber | None = None, limits: ConnectionLimits | None = None,
+                 admin_gid: int | None = None):
         """`limits`: how many connections each user may hold (config max_connections,
-        max_connections_per_uid)."""
+        max_connections_per_uid); `admin_gid`: config admin_group."""
         self.manager = manager
+        self.admin_gid = admin_gid
         self.limits = limits or ConnectionLimits(DEFAULT_MAX_CONNECTIONS,
                                                  DEFAULT_MAX_CONNECTIONS_PER_UID)
         self.scrubber = scrubber      # daemon/scrub.py

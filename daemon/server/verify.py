@@ -12,7 +12,7 @@ from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
 
 from ..ecc.layout import BLOCK
 from ..nodes import Allocation
-from .call import Call, ProgressSend, Reply, privileged
+from .call import Call, ProgressSend, Reply, privileged, require_administrator
 
 PROGRESS_SECONDS = 0.1      # at most one progress frame per this (plus the first)
 
@@ -28,6 +28,8 @@ async def verify(call: Call) -> Reply:
 
 async def recover(call: Call) -> Reply:
     alloc = call.manager.lookup_allocation(call.args["path"], call.session.cred)
+    if alloc.uid != call.session.cred.uid:
+        require_administrator(call, f"recover '{alloc.path}', which uid {alloc.uid} owns")
     [result] = await verify_all(call, [alloc], True)
     return {"allocation": result, "info": call.manager.info(alloc.path, call.session.cred)}, []
 
@@ -68,6 +70,8 @@ async def scrub(call: Call) -> Reply:
     if scrubber is None:
         raise InternalError("this gpumemd has no scrubber")
     action = call.args["action"]
+    if action in ("start", "stop"):
+        require_administrator(call, f"{action} a scrub")
     if action == "start":
         return scrubber.start(call.args["rate"]), []
     if action == "stop":
