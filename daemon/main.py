@@ -19,6 +19,7 @@ import socket
 import sqlite3
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -257,19 +258,41 @@ class GroupCommit:
                     "repaired", len(report["problems"]))
 
 
+BACKGROUND_RETRY_FIRST, BACKGROUND_RETRY_MAX = 1.0, 60.0
+
+
+async def background(name: str, task: Callable[[], Awaitable[None]]) -> None:
+    """A background task that fails is logged and started again after a pause (1 s,
+    doubling to a minute): an error in one never stops the daemon, which an exception in a
+    nursery's task otherwise would (trio cancels its siblings)."""
+    pause = BACKGROUND_RETRY_FIRST
+    while True:
+        try:
+            await task()
+            return
+        except Exception:
+            log.exception("background task %s failed; starting it again in %.0f s", name,
+                          pause)
+        await trio.sleep(pause)
+        pause = min(BACKGROUND_RETRY_MAX, pause * 2)
+
+
 async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | None, *,
                      registry: Registry, keeper) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(GroupCommit(manager, registry).run)
+            nursery.start_soon(background, "group commit", GroupCommit(manager, registry).run)
             if server.scrubber is not None:
-                nursery.start_soon(server.scrubber.run)
+                nursery.start_soon(background, "scrubber", server.scrubber.run)
             await nursery.start(server.serve)
             if mount is not None:
                 await nursery.start(mount.serve)
-            nursery.start_soon(supervise_keeper, manager, keeper)
-            nursery.start_soon(resume_stalled_keeper, manager, keeper)
-            nursery.start_soon(checkpoint_registry, registry)
+            nursery.start_soon(background, "keeper supervisor",
+                               functools.partial(supervise_keeper, manager, keeper))
+            nursery.start_soon(background, "keeper stall probe",
+                               functools.partial(resume_stalled_keeper, manager, keeper))
+            nursery.start_soon(background, "registry checkpoint",
+                               functools.partial(checkpoint_registry, registry))
             systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
             log.info("gpumemd %s serving %s (backend %s, pid %d)", VERSION,
                      server.socket_path, manager.backend_name, os.getpid())

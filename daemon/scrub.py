@@ -114,7 +114,11 @@ class Scrubber:
                 await self.wake.wait()
                 self.wake = trio.Event()
                 continue
-            await self._scrub()
+            try:
+                await self._scrub()
+            except Exception as exc:
+                log.exception("the scrub failed and stopped")
+                self._fail(f"{type(exc).__name__}: {exc}")
 
     def _targets(self):
         return sorted((a for a in self.m.allocations()
@@ -168,7 +172,16 @@ class Scrubber:
         for k in COUNTERS:
             self.state["totals"][k] += per[k]
 
-    def _finish(self, stopped: bool) -> None:
+    def _fail(self, error: str) -> None:
+        """A scrub that met an error (a full state disk, a bug) ends as stopped, with the
+        error in `scrub status`. Its state and event are written if the registry lets
+        them: a registry that cannot be written is why many scrubs fail."""
+        try:
+            self._finish(stopped=True, error=error)
+        except Exception as exc:  # noqa: BLE001 - the in-memory state is already final
+            log.error("the failed scrub's state could not be saved: %s", exc)
+
+    def _finish(self, stopped: bool, error: str | None = None) -> None:
         s = self.state
         now = time.time_ns()
         wall = (now - s["started_ns"]) / 1e9
@@ -176,6 +189,8 @@ class Scrubber:
                 "seconds": wall, "busy_seconds": s["elapsed"], "totals": s["totals"],
                 "rate": s["totals"]["bytes"] / wall if wall > 0 else None,
                 "allocations": s["allocations"]}
+        if error is not None:
+            last["error"] = error
         lifetime = self.lifetime()
         lifetime["runs"] += 1
         for k in COUNTERS:

@@ -22,7 +22,7 @@ import typer
 
 from . import actions, formats, output
 from .actions import connect, parse_offset, want_json
-from .protocol import GpumemError, InvalidState, UsageError, format_size, parse_size
+from .protocol import GpumemError, InternalError, InvalidState, UsageError, format_size, parse_size
 from .protocol.defaults import CORRUPT_PATTERN, DIR_MODE, EVENTS_LIMIT, FILE_MODE
 from .protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE, USAGE
 
@@ -394,6 +394,8 @@ def scrub_report(st: dict) -> list[str]:
     lines = [f"scrub: {how} {_when(last['finished_ns'])} after "
              f"{formats.duration(last['seconds'])}: {format_size(t['bytes'])} scrubbed{rate}",
              f"  {_scrub_counts(t)}"]
+    if last.get("error"):
+        lines.insert(1, f"  failed: {last['error']}")
     for alloc in last.get("allocations", {}).values():
         if alloc["corrected"] or alloc["uncorrectable"]:
             lines.append(f"  {alloc['path']}: {_scrub_counts(alloc)}")
@@ -401,6 +403,8 @@ def scrub_report(st: dict) -> list[str]:
 
 
 def scrub_exit(st: dict) -> int:
+    if (st.get("last") or {}).get("error"):
+        return InternalError.code       # it did not finish: nothing is known clean
     t = (st.get("last") or {}).get("totals") or {}
     return UNCORRECTABLE if t.get("uncorrectable") else (REPAIRED if t.get("corrected")
                                                           else OK)

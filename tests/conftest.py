@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -126,3 +127,17 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
         for item in gpu_items:
             item.add_marker(skip)
+
+
+# ---- a state directory on a small tmpfs, for a full disk for real (needs root) -------------
+@pytest.fixture
+def small_state_disk(daemon_factory, request):
+    d = daemon_factory(start=False)
+    os.makedirs(d.state_dir)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", d.state_dir],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    request.addfinalizer(lambda: subprocess.run(["umount", "-l", d.state_dir]))
+    d.allow_errors = True           # the full disk is logged, as it should be
+    return d.start()

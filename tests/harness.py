@@ -15,6 +15,7 @@ bench script adds it, see bench/core.py). Standard library and the client librar
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -329,3 +330,20 @@ def store_random(d: Daemon, name: str, size: int = 4 << 20, durable: bool = True
           check=True)
     d.cli("write", name, input=data, check=True)
     return data
+
+
+def fill_filesystem(directory: str) -> str:
+    """Write zeros into `directory` until its filesystem has no byte left."""
+    path = os.path.join(directory, "filler")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        chunk = bytes(64 << 10)
+        while chunk:
+            try:
+                os.write(fd, chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+                chunk = chunk[:len(chunk) // 2]
+    finally:
+        os.close(fd)
+    return path

@@ -5,45 +5,11 @@ memory held, what the keeper holds); once space returns, service goes on by itse
 this is the same on a real disk, through the CLI."""
 from __future__ import annotations
 
-import errno
 import os
-import subprocess
 
-import pytest
-
-from tests.harness import wait_for
+from tests.harness import fill_filesystem, wait_for
 
 INTERNAL = 70
-
-
-def fill(directory: str) -> str:
-    """Write zeros into `directory` until its filesystem has no byte left."""
-    path = os.path.join(directory, "filler")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        chunk = bytes(64 << 10)
-        while chunk:
-            try:
-                os.write(fd, chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-                chunk = chunk[:len(chunk) // 2]
-    finally:
-        os.close(fd)
-    return path
-
-
-@pytest.fixture
-def small_state_disk(daemon_factory, request):
-    d = daemon_factory(start=False)
-    os.makedirs(d.state_dir)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", d.state_dir],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    request.addfinalizer(lambda: subprocess.run(["umount", "-l", d.state_dir]))
-    d.allow_errors = True           # the full disk is logged, as it should be
-    return d.start()
 
 
 def seen(d) -> dict:
@@ -57,7 +23,7 @@ def test_a_full_state_disk_changes_nothing_and_service_resumes(small_state_disk)
     d.cli("mkdir", "keep", check=True)
     d.cli("create", "keep/durable", "--size", "8M", "--durable", check=True)
     d.cli("create", "keep/trans1", "--size", "8M", check=True)
-    filler = fill(d.state_dir)
+    filler = fill_filesystem(d.state_dir)
     before = seen(d)
 
     # Changes the registry must record before they are answered: refused whole.
