@@ -79,6 +79,9 @@ def events_limit() -> Arg:
     return Arg("limit", Kind.INT, EVENTS_LIMIT, clamp=(1, EVENTS_MAX_LIMIT))
 
 
+# An event id: SQLite's integers stop at 2**63 - 1 (a `since` past it was an internal error);
+# one past every id there is answers no events, as any since past the last one does.
+SINCE_RANGE = (0, 2**63 - 1)
 OPEN = Arg("mode", Kind.STR, OPEN_MODE, what="'r' or 'rw'")
 HANDLE = Arg("handle", Kind.INT)
 
@@ -108,10 +111,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("export_dmabuf", (path(),), allocations.export_dmabuf),
     Op("status", (), status.status),
     Op("devices", (), status.devices),
-    Op("events", (Arg("since", Kind.INT, 0), events_limit(), Arg("path", Kind.STR, None),
-                  flag("follow")),
+    Op("events", (Arg("since", Kind.INT, 0, clamp=SINCE_RANGE), events_limit(),
+                  Arg("path", Kind.STR, None), flag("follow")),
        streams.events, stream=streams.follow_events, stream_when="follow"),
-    Op("subscribe", (Arg("since", Kind.INT, None), events_limit()), stream=streams.subscribe),
+    Op("subscribe", (Arg("since", Kind.INT, None, clamp=SINCE_RANGE), events_limit()),
+       stream=streams.subscribe),
     Op("verify", (Arg("paths", Kind.STR_LIST, [], nullable=True), flag("all"), flag("repair"),
                   flag("progress")), verify.verify, progress_when="progress"),
     Op("recover", (path(), flag("progress")), verify.recover, progress_when="progress"),
