@@ -211,10 +211,8 @@ class Custody:
         answers), a gone one an internal error."""
         try:
             self.keeper.deposit(deposit.key, deposit.fds, deposit.meta)
-        except KeeperStalled as exc:
-            raise Busy(f"cannot {deposit.what} now: {exc}") from None
         except KeeperGone as exc:
-            raise InternalError(f"cannot {deposit.what}: {exc}") from None
+            raise self._refused(deposit, exc) from None
         finally:
             for fd in deposit.fds:
                 os.close(fd)
