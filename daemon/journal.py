@@ -195,10 +195,13 @@ class Journal:
                 self.change_listeners.discard(on_change)
 
     def events(self, *, since: int, limit: int, path: str | None = None,
-               uid: int | None = None) -> list[dict]:
-        """Logged events after `since`, oldest first, at most `limit`; with `path`, those
-        at or under it; with `uid`, only that user's and the daemon-wide ones."""
-        return self.registry.events(since=since, limit=limit, path=path, uid=uid)
+               uid: int | None = None, max_bytes: int | None = None
+               ) -> tuple[list[dict], bool]:
+        """Logged events after `since`, oldest first, at most `limit` (the newest) and at
+        most `max_bytes` of detail and path text; with `path`, those at or under it; with
+        `uid`, only that user's and the daemon-wide ones. And whether none was left out
+        for want of bytes (Registry.events_page)."""
+        return self.registry.events_page(since, limit, path, uid, max_bytes)
 
     def last_event_id(self) -> int:
         """The id of the newest logged event (0 when the log is empty)."""

@@ -132,9 +132,12 @@ class Queries:
 
     # ---- the event log, observers, metadata and check -----------------------------------
     def events(self, *, since: int, limit: int, path: str | None = None,
-               uid: int | None = None) -> list[dict]:
-        """Logged events after `since`, oldest first, at most `limit` (Journal.events)."""
-        return self.journal.events(since=since, limit=limit, path=path, uid=uid)
+               uid: int | None = None, max_bytes: int | None = None
+               ) -> tuple[list[dict], bool]:
+        """Logged events after `since`, oldest first, at most `limit` and `max_bytes`, and
+        whether the page is complete (Journal.events)."""
+        return self.journal.events(since=since, limit=limit, path=path, uid=uid,
+                                   max_bytes=max_bytes)
 
     def last_event_id(self) -> int:
         return self.journal.last_event_id()

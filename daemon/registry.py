@@ -528,8 +528,17 @@ class Registry:
 
     def events(self, since: int = 0, limit: int = 100, path: str | None = None,
                uid: int | None = None) -> list[dict]:
-        """Events after `since`, oldest first; with `uid`, only that user's and the
-        daemon-wide ones."""
+        """Events after `since`, oldest first, the newest `limit` of them; with `uid`, only
+        that user's and the daemon-wide ones; with `path`, those at or under it."""
+        return self.events_page(since, limit, path, uid)[0]
+
+    def events_page(self, since: int = 0, limit: int = 100, path: str | None = None,
+                    uid: int | None = None, max_bytes: int | None = None
+                    ) -> tuple[list[dict], bool]:
+        """events(), and with `max_bytes` only the newest that fit in that many bytes of
+        detail and path text (the newest one always), so that one answer stays bounded
+        however large the log (docs/protocol.md, "Limits"). Also says whether the page is
+        complete: False when older events were left out for want of bytes."""
         where = "id > ?"
         args: list[int | str] = [since]
         if uid is not None:
@@ -539,10 +548,19 @@ class Registry:
             prefix = path + "/"
             where += " AND (path = ? OR substr(path, 1, ?) = ?)"
             args += [path, len(prefix), prefix]
-        rows = self.db.execute(
-            f"SELECT * FROM (SELECT * FROM events WHERE {where} ORDER BY id DESC LIMIT ?)"
-            " ORDER BY id", (*args, limit)).fetchall()
-        return [event_row_to_dict(r) for r in rows]
+        cur = self.db.execute(
+            f"SELECT *, {EVENT_BYTES_SQL} AS bytes FROM events WHERE {where}"
+            " ORDER BY id DESC LIMIT ?", (*args, limit))
+        rows: list[sqlite3.Row] = []
+        total, complete = 0, True
+        for row in cur:                  # newest first, read only as far as the budget goes
+            total += row["bytes"]
+            if max_bytes is not None and rows and total > max_bytes:
+                complete = False
+                break
+            rows.append(row)
+        cur.close()
+        return [event_row_to_dict(r) for r in reversed(rows)], complete
 
     # ---- checkpoints ------------------------------------------------------------------
     def wal_bytes(self) -> int:

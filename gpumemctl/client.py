@@ -308,10 +308,18 @@ class Client:
 
     def events(self, *, since: int = 0, limit: int = EVENTS_LIMIT,
                path: str | None = None) -> list[dict]:
+        return self.events_page(since=since, limit=limit, path=path)[0]
+
+    def events_page(self, *, since: int = 0, limit: int = EVENTS_LIMIT,
+                    path: str | None = None) -> tuple[list[dict], bool]:
+        """events(), and whether the answer is complete: False when older events after
+        `since` were left out because one answer carries at most 4 MiB of them (the newest
+        are kept; docs/protocol.md, "Limits")."""
         args: dict[str, object] = {"since": since, "limit": limit}
         if path:
             args["path"] = path
-        return self.call("events", **args)["events"]
+        answer = self.call("events", **args)
+        return answer["events"], answer.get("complete", True)
 
     def follow_events(self, *, since: int = 0, limit: int = EVENTS_LIMIT) -> Iterator[dict]:
         """The backlog, then each new event as it commits. Uses up this connection.

@@ -259,7 +259,10 @@ def events(follow: Annotated[bool, typer.Option("-f", "--follow",
                     sys.stdout.flush()
             except KeyboardInterrupt:
                 return OK
-        evs = c.events(since=since, limit=limit, path=path)
+        evs, complete = c.events_page(since=since, limit=limit, path=path)
+    if not complete:
+        output.warning("older events were left out: one answer carries at most 4 MiB of "
+                    "events, the newest; ask for fewer (--limit) or later ones (--since)")
     if as_json:
         output.emit_json(evs)
     else:

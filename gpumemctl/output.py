@@ -35,6 +35,11 @@ def error(message: str) -> None:
     print(f"gpumemctl: error: {message}", file=sys.stderr)
 
 
+def warning(message: str) -> None:
+    """Something a script should see too (stderr, whatever it is): the answer is partial."""
+    print(f"gpumemctl: warning: {message}", file=sys.stderr)
+
+
 def usage_error(message: str, hint: str | None) -> None:
     """A command line that cannot run: the error line, then where help is."""
     error(message)

@@ -26,14 +26,17 @@ from .transport import PEER_GONE, Connection
 log = logging.getLogger("gpumemd")
 EVENT_QUEUE = 1024          # frames a stream may have waiting; a reader further behind is cut off
 COALESCE_SECONDS = 0.05     # `subscribe`: at most one `changed` frame per this, per subscriber
+# Bytes of detail and path text in one answer's events (docs/protocol.md, "Limits"): the
+# newest that fit, `complete: false` when older ones were left out (page with `since`).
+EVENTS_ANSWER_BYTES = 4 << 20
 
 
 async def events(call: Call) -> Reply:
     a = call.args
-    found = call.manager.events(
+    found, complete = call.manager.events(
         since=a["since"], limit=a["limit"], path=a["path"],
-        uid=own_uid_unless_privileged(call.session))
-    return {"events": found}, []
+        uid=own_uid_unless_privileged(call.session), max_bytes=EVENTS_ANSWER_BYTES)
+    return {"events": found, "complete": complete}, []
 
 
 async def follow_events(call: Call, conn: Connection) -> None:
@@ -46,9 +49,10 @@ async def subscribe(call: Call, conn: Connection) -> None:
     """`subscribe`: the backlog (events after `since`; none without it) and the newest
     event id, then events as they commit and coalesced `changed` frames."""
     since, manager = call.args["since"], call.manager
-    backlog = [] if since is None else manager.events(
-        since=since, limit=call.args["limit"], uid=own_uid_unless_privileged(call.session))
-    answer = {"events": backlog, "last_event": manager.last_event_id()}
+    backlog, complete = ([], True) if since is None else manager.events(
+        since=since, limit=call.args["limit"], uid=own_uid_unless_privileged(call.session),
+        max_bytes=EVENTS_ANSWER_BYTES)
+    answer = {"events": backlog, "complete": complete, "last_event": manager.last_event_id()}
     await stream(call, conn, answer, changes=True)
 
 

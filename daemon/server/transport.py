@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from gpumemctl.protocol import Busy, GpumemError, ProtocolError, framing
+from gpumemctl.protocol import Busy, GpumemError, ProtocolError, UsageError, framing
 
 from ..permissions import Credentials, supplementary_groups
 
@@ -27,6 +27,7 @@ log = logging.getLogger("gpumemd")
 # Anyone may connect; each request is authorised by its peer credentials (docs/protocol.md).
 SOCKET_MODE = 0o666
 # What a send to a peer that has gone away raises, mid-frame or before it.
+# (SendRefused is an OSError: a connection closed for the send limits reads as gone.)
 PEER_GONE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
@@ -47,6 +48,15 @@ REFUSAL_WAIT, REFUSING = 1.0, 64
 FDS_KEPT = 512
 # Connections root and the daemon's uid may open past max_connections.
 PRIVILEGED_EXTRA = 32
+# What gpumemd sends (docs/protocol.md, "Limits"): an answer's JSON is at most
+# MAX_ANSWER_BYTES (a larger one is answered with a usage error that says so); the frames
+# one user's connections have not yet taken are at most SEND_BUDGET_PER_UID bytes together
+# (a connection whose frame would pass it is closed), and a frame the peer takes no byte of
+# for SEND_STALL_SECONDS closes its connection. So clients that never read cannot make the
+# daemon hold their answers without bound.
+MAX_ANSWER_BYTES = 64 << 20
+SEND_BUDGET_PER_UID = 32 << 20
+SEND_STALL_SECONDS = 60.0
 
 
 class ConnectionLimits:
@@ -63,6 +73,9 @@ class ConnectionLimits:
         self.refusing = 0
         self.refused = 0                # since the last log line about it
         self._logged = 0.0
+        self.unsent: dict[int, int] = {}    # uid: bytes of frames its peers have not taken
+        self.cut_off = 0                # connections closed for unsent bytes, since logged
+        self._logged_cut = 0.0
 
     @staticmethod
     def privileged(uid: int) -> bool:
@@ -100,6 +113,39 @@ class ConnectionLimits:
             log.warning("refused %d connection(s) in the last minute; the last one of uid "
                         "%d: %s", self.refused, uid, why.message)
             self._logged, self.refused = now, 0
+
+
+    def reserve_send(self, uid: int, nbytes: int) -> bool:
+        """Count `nbytes` of a frame about to be sent as unsent by `uid`; False (nothing
+        counted) when that would pass SEND_BUDGET_PER_UID. Root and the daemon's uid have no
+        budget."""
+        unsent = self.unsent.get(uid, 0)
+        if not self.privileged(uid) and unsent and unsent + nbytes > SEND_BUDGET_PER_UID:
+            self._note_cut(uid, unsent)
+            return False
+        self.unsent[uid] = unsent + nbytes
+        return True
+
+    def sent(self, uid: int, nbytes: int) -> None:
+        left = self.unsent[uid] - nbytes
+        if left:
+            self.unsent[uid] = left
+        else:
+            del self.unsent[uid]
+
+    def _note_cut(self, uid: int, unsent: int) -> None:
+        self.cut_off += 1
+        now = time.monotonic()
+        if now - self._logged_cut >= 60:
+            log.warning("closed %d connection(s) in the last minute whose peers do not read; "
+                        "the last one of uid %d, with %d bytes unread", self.cut_off, uid,
+                        unsent)
+            self._logged_cut, self.cut_off = now, 0
+
+
+class SendRefused(ConnectionError):
+    """A frame this connection may not send (past its user's send budget, or the peer took
+    nothing for SEND_STALL_SECONDS): the connection is closed, as for a peer gone."""
 
 
 async def listen(socket_path: str,
@@ -142,7 +188,7 @@ async def _admitted(sock: trio.socket.SocketType,
                     limits: ConnectionLimits) -> None:
     """Count the connection in (or refuse it with one Busy frame), serve it, count it out."""
     try:
-        conn = Connection(sock)
+        conn = Connection(sock, limits)
     except OSError:                     # gone before we looked at it
         sock.close()
         return
@@ -176,10 +222,12 @@ async def _refuse(conn: Connection, why: GpumemError, limits: ConnectionLimits) 
 
 
 class Connection:
-    """One client's socket: its credentials, and frames in and out."""
+    """One client's socket: its credentials, and frames in and out within the send limits
+    (MAX_ANSWER_BYTES, SEND_BUDGET_PER_UID, SEND_STALL_SECONDS)."""
 
-    def __init__(self, sock: trio.socket.SocketType):
+    def __init__(self, sock: trio.socket.SocketType, limits: ConnectionLimits):
         self.sock = sock
+        self.limits = limits
         self.cred = peer_credentials(sock)
 
     async def receive(self) -> tuple[dict, list[int]]:
@@ -188,15 +236,52 @@ class Connection:
         return await framing.arecv_frame(self.sock, framing.MAX_REQUEST_BYTES)
 
     async def answer(self, rid: Any, result: dict, fds: Sequence[int] = ()) -> None:
-        await framing.asend_frame(self.sock, {"id": rid, "ok": True, "result": result}, fds)
+        data = framing.encode({"id": rid, "ok": True, "result": result}, len(fds))
+        size = len(data) - framing.HEADER_SIZE
+        if size > MAX_ANSWER_BYTES:
+            del data
+            await self.fail(rid, UsageError(
+                f"the answer would be {size} bytes, more than the {MAX_ANSWER_BYTES} gpumemd "
+                f"sends at once (docs/protocol.md, \"Limits\"); ask for less: a narrower "
+                f"path, or without --recursive", details={"bytes": size,
+                                                           "limit": MAX_ANSWER_BYTES}))
+            return
+        await self._send(data, fds)
 
     async def fail(self, rid: Any, error: GpumemError) -> None:
-        await framing.asend_frame(self.sock, {"id": rid, "ok": False,
-                                              "error": error.to_wire()})
+        await self._send(framing.encode({"id": rid, "ok": False, "error": error.to_wire()}))
 
     async def push(self, frame: dict) -> None:
         """A frame that is not an answer: an event, a `changed` or a progress frame."""
-        await framing.asend_frame(self.sock, frame)
+        await self._send(framing.encode(frame))
+
+    async def _send(self, data: bytes, fds: Sequence[int] = ()) -> None:
+        """Send one encoded frame, counted against the user's send budget while the peer
+        has not taken it all; SendRefused (and the connection closed) past the budget or
+        when the peer takes nothing for SEND_STALL_SECONDS."""
+        uid = self.cred.uid
+        if not self.limits.reserve_send(uid, len(data)):
+            self.close()
+            raise SendRefused(f"uid {uid} has too many bytes unread")
+        try:
+            await self._send_taken(data, fds)
+        finally:
+            self.limits.sent(uid, len(data))
+
+    async def _send_taken(self, data: bytes, fds: Sequence[int]) -> None:
+        view = memoryview(data)
+        first = True
+        while view:
+            with trio.move_on_after(SEND_STALL_SECONDS):
+                if first:
+                    n = await self.sock.sendmsg([view], framing.ancillary(list(fds)))
+                    first = False
+                else:
+                    n = await self.sock.send(view)
+                view = view[n:]
+                continue
+            self.close()
+            raise SendRefused(f"the peer took nothing for {SEND_STALL_SECONDS:.0f} s")
 
     async def fail_quietly(self, rid: Any, error: GpumemError) -> None:
         """The last word before hanging up: a peer that is gone does not hear it."""
