@@ -120,6 +120,26 @@ def _event_log_size(value) -> int:
     return size
 
 
+def _default_quota(value) -> int | float | None:
+    """default_quota: "none", a size, or a share of all devices' memory ("50%", a float in
+    (0, 1] here; daemon/main.py turns it into bytes once the backend is known)."""
+    if value == "none":
+        return None
+    if isinstance(value, str) and value.endswith("%"):
+        try:
+            share = float(value[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 100:
+            raise BadValue('expected a share from "1%" to "100%"')
+        return share / 100
+    try:
+        return _size(zero_ok=False)(value)
+    except BadValue as exc:
+        raise BadValue(f'{exc}, a share of all device memory such as "50%", or '
+                       '"none"') from None
+
+
 def _group(value) -> int | None:
     """admin_group: a group name that exists, or a gid; "" for none."""
     if value == "":
@@ -144,6 +164,8 @@ def _count(low: int, high: int) -> Callable[[Any], int]:
 
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_UID = 256
+DEFAULT_MAX_NAMES_PER_UID = 100_000
+DEFAULT_MAX_HANDLES_PER_UID = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +212,20 @@ KEYS: tuple[Key, ...] = (
     Key("max_connections_per_uid", "integer", str(DEFAULT_MAX_CONNECTIONS_PER_UID),
         "client connections one uid may hold open at once; root and the daemon's own uid "
         "are not limited by it", _count(1, 1 << 20)),
+    Key("max_names_per_uid", "integer", f"{DEFAULT_MAX_NAMES_PER_UID}",
+        "allocations and directories one uid may own; root and the daemon's own uid are "
+        "not limited by it", _count(1, 1 << 32)),
+    Key("max_handles_per_uid", "integer", str(DEFAULT_MAX_HANDLES_PER_UID),
+        "open handles, attachments and leases one uid may hold at once (files open on the "
+        "mount are not counted); root and the daemon's own uid are not limited by it",
+        _count(1, 1 << 32)),
     Key("admin_group", "string", '"" (none)',
         "a group (name or gid) whose members may start and stop scrubs and recover other "
         "users' allocations, as root and the daemon's own uid may", _group),
+    Key("default_quota", "size", '"none"',
+        "the quota of every uid that [quotas] does not name, but root and the daemon's own: "
+        'a size, or a share of all devices\' memory such as "50%"; set it on a shared server',
+        _default_quota),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -216,7 +249,10 @@ class Config:
     event_log_size: int | None = None
     max_connections: int | None = None
     max_connections_per_uid: int | None = None
+    max_names_per_uid: int | None = None
+    max_handles_per_uid: int | None = None
     admin_group: int | None = None
+    default_quota: int | float | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -317,10 +353,13 @@ def apply(args, config: Config) -> None:
     args.ecc = config.ecc or "rs"
     args.scrub_rate = config.scrub_rate or None     # 0: the duty cycle (daemon/scrub.py)
     args.quotas = dict(config.quotas)
+    args.default_quota = config.default_quota    # bytes, a share (float) or None
     args.event_log_size = config.event_log_size     # None: the registry's default (64 MiB)
     args.admin_group = config.admin_group
     args.max_connections = config.max_connections or DEFAULT_MAX_CONNECTIONS
     args.max_connections_per_uid = (config.max_connections_per_uid
                                     or DEFAULT_MAX_CONNECTIONS_PER_UID)
+    args.max_names_per_uid = config.max_names_per_uid or DEFAULT_MAX_NAMES_PER_UID
+    args.max_handles_per_uid = config.max_handles_per_uid or DEFAULT_MAX_HANDLES_PER_UID
     args.config_path = config.path
 

@@ -19,6 +19,8 @@ the daemon's code emits is listed.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 
 DETAIL_LIMIT = 4096       # bytes of JSON per event detail
 STRING_LIMIT = 1024       # characters of one string value
@@ -162,3 +164,40 @@ def _fit(detail: dict) -> dict:
         del detail[victim]
         detail["dropped_keys"] = detail.pop("dropped_keys", 0) + 1
     return detail
+
+
+class LineBudget:
+    """How many `event ...` log lines each user's events may write: LINES_BURST at once,
+    then LINES_PER_SECOND (a token bucket per uid). Past it a user's lines are counted, not
+    written, and the next line written says how many were left out: one user's loop of
+    creates cannot fill the daemon's log (docs/security.md). The events themselves are all in
+    the event log. Root, the daemon's uid and daemon-wide events (uid None) are not limited."""
+
+    LINES_BURST = 200
+    LINES_PER_SECOND = 20.0
+
+    def __init__(self, exempt: Callable[[int], bool]):
+        self.exempt = exempt
+        self._tokens: dict[int, tuple[float, float]] = {}   # uid: (tokens, when counted)
+        self.suppressed: dict[int, int] = {}
+
+    def take(self, uid: int | None, now: float | None = None) -> bool:
+        """Whether a line for `uid` may be written now."""
+        if uid is None or self.exempt(uid):
+            return True
+        now = time.monotonic() if now is None else now
+        tokens, then = self._tokens.get(uid, (float(self.LINES_BURST), now))
+        tokens = min(float(self.LINES_BURST), tokens + (now - then) * self.LINES_PER_SECOND)
+        if tokens < 1:
+            self._tokens[uid] = (tokens, now)
+            self.suppressed[uid] = self.suppressed.get(uid, 0) + 1
+            return False
+        self._tokens[uid] = (tokens - 1, now)
+        if len(self._tokens) > 4096:           # forget the users that are quiet again
+            self._tokens = {u: t for u, t in self._tokens.items()
+                            if t[0] < self.LINES_BURST - 1}
+        return True
+
+    def left_out(self, uid: int | None) -> int:
+        """Lines of `uid` not written since the last one that was (and forget them)."""
+        return 0 if uid is None else self.suppressed.pop(uid, 0)

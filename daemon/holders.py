@@ -18,7 +18,7 @@ from gpumemctl.protocol import Busy, NotFound
 
 from .journal import Journal
 from .nodes import Allocation, Holder
-from .permissions import Credentials
+from .permissions import Credentials, administrative_uid
 from .registry import Registry
 from .sessions import Session
 
@@ -40,6 +40,8 @@ class Holders:
         self.journal = journal
         self.sessions: dict[int, Session] = {}
         self._ids = itertools.count(1)
+        self.max_per_uid: int | None = None     # config max_handles_per_uid
+        self.per_uid: dict[int, int] = {}       # holders (but the mount's) by uid
 
     # ---- sessions -----------------------------------------------------------------------
     def open_session(self, cred: Credentials, client: str = "") -> Session:
@@ -97,6 +99,8 @@ class Holders:
         transaction per open(2) would halve the mount's create rate, and those handles all
         belong to the daemon's own session."""
         cred = cred or session.cred
+        if kind not in MOUNT_KINDS:
+            self._require_room(cred.uid)
         holder = Holder(id=next(self._ids), kind=kind, session=session, alloc=alloc,
                         pid=cred.pid, uid=cred.uid, since_ns=time.time_ns())
         if kind not in MOUNT_KINDS:
@@ -105,8 +109,19 @@ class Holders:
                                          holder.uid, holder.since_ns)
         alloc.holders[holder.id] = holder
         session.holders[holder.id] = holder
+        if kind not in MOUNT_KINDS:
+            self.per_uid[holder.uid] = self.per_uid.get(holder.uid, 0) + 1
         self.journal.node_changed(alloc)
         return holder
+
+    def _require_room(self, uid: int) -> None:
+        """max_handles_per_uid: each open handle, attachment or lease is a registry row and
+        memory in the daemon, so one user's are bounded; root and the daemon's uid are not."""
+        limit, held = self.max_per_uid, self.per_uid.get(uid, 0)
+        if limit is not None and held >= limit and not administrative_uid(uid):
+            raise Busy(f"uid {uid} holds {held} handles, attachments and leases, the most one "
+                       f"user may (max_handles_per_uid {limit}); close some first",
+                       details={"uid": uid, "limit": limit})
 
     def drop(self, holder: Holder) -> None:
         """The record goes from the registry first: if that fails, the holder stays in
@@ -114,7 +129,13 @@ class Holders:
         if holder.kind not in MOUNT_KINDS:
             with self.journal.change(durable=False, batch=True):
                 self.registry.remove_holder(holder.id)
-        holder.alloc.holders.pop(holder.id, None)
+        if holder.alloc.holders.pop(holder.id, None) is not None \
+                and holder.kind not in MOUNT_KINDS:
+            left = self.per_uid[holder.uid] - 1
+            if left:
+                self.per_uid[holder.uid] = left
+            else:
+                del self.per_uid[holder.uid]
         holder.session.holders.pop(holder.id, None)
         self.journal.node_changed(holder.alloc)
 

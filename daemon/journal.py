@@ -25,7 +25,8 @@ from typing import Any
 
 from gpumemctl.protocol import InternalError
 
-from .events import LINE_PATH_LIMIT, bound_detail, cut
+from .events import LINE_PATH_LIMIT, LineBudget, bound_detail, cut
+from .permissions import administrative_uid
 from .registry import Registry
 
 log = logging.getLogger("gpumemd.manager")      # the event lines keep their logger name
@@ -50,6 +51,7 @@ class Journal:
         # `subscribe` coalesces these per subscriber; they cost a set test while nobody
         # listens. See node_changed.
         self.change_listeners: set[Callable[[Any], None]] = set()
+        self.line_budget = LineBudget(administrative_uid)    # `event` lines per user
         self._pending_events: list[dict] = []
         self._pending_nodes: list[Any] = []     # nodes of those events, for node_changed
         # How to take back each in-memory change of the open transaction, newest last.
@@ -170,13 +172,22 @@ class Journal:
     def _publish(self, event: dict) -> None:
         """Hand a committed event to the subscribers, and log it: exactly one line at info
         per event-log entry (names may hold newlines: log_value escapes them)."""
-        who = f" uid={event['uid']} pid={event['pid']}" if event["uid"] is not None else ""
+        if self.line_budget.take(event["uid"]):
+            self._log_event(event)
+        for callback in list(self.subscribers):
+            callback(event)
+
+    def _log_event(self, event: dict) -> None:
+        uid = event["uid"]
+        if left_out := self.line_budget.left_out(uid):
+            log.info("%d event lines of uid %d were not logged (more than %d a second; the "
+                     "events are in the event log)", left_out, uid,
+                     LineBudget.LINES_PER_SECOND)
+        who = f" uid={uid} pid={event['pid']}" if uid is not None else ""
         detail = " ".join(f"{k}={log_value(v)}" for k, v in event["detail"].items())
         path = cut(event["path"] or "-", LINE_PATH_LIMIT)     # details are bounded already
         log.info("event %s %s%s%s", event["kind"], log_value(path), who,
                  " " + detail if detail else "")
-        for callback in list(self.subscribers):
-            callback(event)
 
     # ---- observers and the log ------------------------------------------------------------
     @contextlib.contextmanager

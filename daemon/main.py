@@ -411,6 +411,13 @@ def setup_logging(level: str) -> None:
     root.setLevel(level.upper())
 
 
+def quota_bytes(quota: int | float | None, backend) -> int | None:
+    """config default_quota in bytes: a share (a float) is of all devices' memory."""
+    if isinstance(quota, float):
+        return int(quota * sum(dev.capacity for dev in backend.devices()))
+    return quota
+
+
 def _main(args) -> int:
     state_dir = os.path.abspath(args.state_dir or default_state_dir())
     socket_path = os.path.abspath(args.socket or default_socket())
@@ -429,7 +436,10 @@ def _main(args) -> int:
     backend.ecc_cache_dir = os.path.join(state_dir, "ecc-cache")   # compiled GPU kernels
     manager = AllocationManager(registry, backend, keeper,
                                 fault_injection=args.enable_fault_injection,
-                                default_ecc=args.ecc, quotas=args.quotas)
+                                default_ecc=args.ecc, quotas=args.quotas,
+                                default_quota=quota_bytes(args.default_quota, backend),
+                                max_names_per_uid=args.max_names_per_uid,
+                                max_handles_per_uid=args.max_handles_per_uid)
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
     try:

@@ -38,7 +38,7 @@ from .integrity import Integrity, ParityJob
 from .journal import Journal
 from .namespace import DAEMON, NOW, RELATIME_NS, Namespace, check_mode
 from .nodes import Allocation, Directory, Node
-from .permissions import Credentials, R, W, X, require, require_owner
+from .permissions import Credentials, R, W, X, administrative_uid, require, require_owner
 from .queries import Queries
 from .quotas import Quotas
 from .registry import Registry
@@ -55,10 +55,13 @@ GROWTH_CAP = 1 << 30
 class AllocationManager(HandleVerbs, Queries):
     def __init__(self, registry: Registry, backend: Backend, keeper, *,
                  fault_injection: bool = False, default_ecc: str = "rs",
-                 quotas: dict[int, int] | None = None):
+                 quotas: dict[int, int] | None = None, default_quota: int | None = None,
+                 max_names_per_uid: int | None = None, max_handles_per_uid: int | None = None):
         """`fault_injection`: gpumemd --enable-fault-injection (debug_corrupt); `default_ecc`:
         the ECC of creates that name none (config `ecc`); `quotas`: uid -> the capacity in
-        bytes that uid's allocations may hold (config [quotas])."""
+        bytes that uid's allocations may hold (config [quotas]); `default_quota`: the
+        capacity of every other uid but root's and the daemon's (config default_quota);
+        `max_names_per_uid`, `max_handles_per_uid`: the same config keys (None: no limit)."""
         if default_ecc not in ECC_MODES:
             raise ValueError(f"invalid default ecc {default_ecc!r}: expected one of "
                              f"{', '.join(ECC_MODES)}")
@@ -68,8 +71,11 @@ class AllocationManager(HandleVerbs, Queries):
         self.integrity = Integrity(registry, self.journal, backend)
         self.custody = Custody(registry, self.journal, backend, keeper, self.ns,
                                self.integrity.parity)
+        self.ns.max_names_per_uid = max_names_per_uid
         self.holders = Holders(registry, self.journal)
-        self.quotas = Quotas(self.ns.allocations, quotas)
+        self.holders.max_per_uid = max_handles_per_uid
+        self.quotas = Quotas(self.ns.allocations, quotas, kept=self._kept_open,
+                             default=default_quota, exempt=administrative_uid)
         self.fault_injection = fault_injection
         self.default_ecc = default_ecc
         self._dirty: set[int] = set()        # ids whose size/times await flush_times()
@@ -239,6 +245,13 @@ class AllocationManager(HandleVerbs, Queries):
             if isinstance(victim, Allocation):
                 self._release_memory(victim)
         return [v.path for v in doomed]
+
+    def _kept_open(self) -> list[Allocation]:
+        """Allocations removed while held open: their memory goes with the last holder, and
+        until then it counts against the owner's quota (daemon/quotas.py)."""
+        kept = {h.alloc.id: h.alloc for s in self.holders.sessions.values()
+                for h in s.holders.values() if h.alloc.unlinked}
+        return list(kept.values())
 
     def _release_memory(self, alloc: Allocation) -> None:
         """After the row is gone: let go of the keeper's copy, then free (or wait for the

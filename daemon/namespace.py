@@ -23,6 +23,7 @@ from collections.abc import Callable
 from gpumemctl.protocol import (
     Exists,
     InternalError,
+    NoMemory,
     NotFound,
     PermissionDenied,
     UsageError,
@@ -32,9 +33,17 @@ from gpumemctl.protocol import (
 
 from .describe import describe
 from .journal import Journal
-from .nodes import Allocation, Directory, Node, walk
+from .nodes import Allocation, Directory, Node, NodeTable, walk
 from .orphans import RECOVERY_DIR
-from .permissions import Credentials, R, W, X, may_remove_from, require
+from .permissions import (
+    Credentials,
+    R,
+    W,
+    X,
+    administrative_uid,
+    may_remove_from,
+    require,
+)
 from .registry import ROOT_ID, Registry
 
 RESERVED_AT_ROOT = (".metadata",)   # the mount's read-only metadata view (daemon/fs.py)
@@ -56,7 +65,8 @@ class Namespace:
     def __init__(self, registry: Registry, journal: Journal):
         self.registry = registry
         self.journal = journal
-        self.nodes: dict[int, Node] = {}
+        self.nodes = NodeTable()
+        self.max_names_per_uid: int | None = None      # config max_names_per_uid
         self.root: Directory = None  # type: ignore[assignment]  # set by load()
         # Told of changes the kernel may have cached (daemon/fs.py invalidates its dentries
         # and attributes): watcher.entry_changed(parent_id, name), attrs_changed(node_id).
@@ -177,6 +187,7 @@ class Namespace:
         """A new node and its row. `node_id`: one reserved before (reserve_id), for an
         allocation whose memory went to the keeper under it before this commit."""
         self.check_not_reserved(parent, name)
+        self._require_room_for_a_name(cred.uid)
         now = time.time_ns()
         gid = parent.gid if parent.mode & 0o2000 else cred.gid   # setgid directories
         if cls is Directory and parent.mode & 0o2000:
@@ -192,6 +203,18 @@ class Namespace:
                    created_ns=now, modified_ns=now, changed_ns=now, **alloc_fields)
         self._link(parent, node, now)
         return node
+
+    def _require_room_for_a_name(self, uid: int) -> None:
+        """max_names_per_uid: every name is a registry row and a node in memory, so one
+        user's are bounded (docs/security.md); root and the daemon's uid are not."""
+        limit = self.max_names_per_uid
+        if limit is None or administrative_uid(uid):
+            return
+        owned = self.nodes.owned.get(uid, 0)
+        if owned >= limit:
+            raise NoMemory(f"uid {uid} has {owned} names (allocations and directories), the "
+                           f"most one user may have (max_names_per_uid {limit}); remove some "
+                           "first", details={"errno": "EDQUOT", "uid": uid, "limit": limit})
 
     def reserve_ids(self, count: int) -> list[int]:
         """Ids no node has or will be given, in order: a key to deposit under before the
@@ -464,6 +487,10 @@ class Namespace:
                           batch=isinstance(node, Allocation) and not node.durable):
             self.registry.update_node(node.id, **changes)
             self.journal.keep(node, *changes)
+            if "uid" in changes and self.nodes.get(node.id) is node:
+                old_uid, new_uid = node.uid, changes["uid"]
+                self.nodes.reowned(old_uid, new_uid)
+                self.journal.on_rollback(lambda: self.nodes.reowned(new_uid, old_uid))
             for key, value in changes.items():
                 setattr(node, key, value)
             self.journal.event("setattr", node, actor, **{k: (f"{v:04o}" if k == "mode" else v)

@@ -133,3 +133,47 @@ def walk(top: Node, descend: Callable[[Directory], bool] = lambda d: True) -> It
         yield node
         if isinstance(node, Directory) and descend(node):
             stack.extend(node.children[name] for name in sorted(node.children, reverse=True))
+
+
+class NodeTable:
+    """Every node in the tree by id, and how many each uid owns: what max_names_per_uid
+    bounds (Namespace.insert_node), counted as nodes come and go rather than by a walk."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Node] = {}
+        self.owned: dict[int, int] = {}
+
+    def __getitem__(self, node_id: int) -> Node:
+        return self._by_id[node_id]
+
+    def __setitem__(self, node_id: int, node: Node) -> None:
+        self.pop(node_id)
+        self._by_id[node_id] = node
+        self._count(node.uid, 1)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def get(self, node_id: int) -> Node | None:
+        return self._by_id.get(node_id)
+
+    def pop(self, node_id: int, default: None = None) -> Node | None:
+        node = self._by_id.pop(node_id, None)
+        if node is not None:
+            self._count(node.uid, -1)
+        return node
+
+    def values(self):
+        return self._by_id.values()
+
+    def reowned(self, old_uid: int, new_uid: int) -> None:
+        """A node went from `old_uid` to `new_uid` (chown, or its undoing)."""
+        self._count(old_uid, -1)
+        self._count(new_uid, 1)
+
+    def _count(self, uid: int, delta: int) -> None:
+        left = self.owned.get(uid, 0) + delta
+        if left:
+            self.owned[uid] = left
+        else:
+            self.owned.pop(uid, None)

@@ -6,6 +6,7 @@ and gid plus the supplementary groups read from /proc/PID/status at connect time
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Container
 
 from gpumemctl.protocol import PermissionDenied
@@ -74,3 +75,9 @@ def may_remove_from(parent, child, cred: Credentials) -> bool:
     if not parent.mode & 0o1000 or cred.is_root:
         return True
     return cred.uid in (child.uid, parent.uid)
+
+
+def administrative_uid(uid: int) -> bool:
+    """Root and the daemon's own uid: the administrator, whom per-user limits (default_quota,
+    max_names_per_uid, ...) do not bind (docs/security.md)."""
+    return uid == 0 or uid == os.geteuid()

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import quote
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
@@ -42,6 +42,10 @@ CHECKPOINT_BUSY_MS = 1000     # ... and a checkpoint for the daemon's transactio
 MAX_EVENTS = 100_000          # the event log is pruned to this many rows ...
 MAX_EVENT_BYTES = 64 << 20    # ... and to this many bytes of detail and path text
 EVENT_PRUNE_TO = 0.75         # pruning by bytes keeps this share of max_event_bytes
+# What one user's events may take of max_event_bytes (root's, the daemon's own uid's and the
+# daemon-wide ones excepted): past it, that user's oldest go, not everyone's, so that no one
+# user can push the others' history out of the log (docs/security.md).
+EVENT_SHARE_PER_UID = 0.25
 # SQLite's primary result codes (the low byte of sqlite3.Error.sqlite_errorcode) that mean
 # the file's content is damaged, as opposed to a file that cannot be opened at all.
 CORRUPT_CODES = (11, 26)      # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -127,6 +131,7 @@ def create_tables(db: sqlite3.Connection) -> None:
         detail   TEXT NOT NULL     -- JSON object with kind-specific fields
     );
     CREATE INDEX events_node ON events (node);
+    CREATE INDEX events_uid ON events (uid, id);
     CREATE TABLE damage (
         -- One row per 128 KiB block of an allocation that failed to verify and could not
         -- be repaired: its bytes read as EIO until `gpumemctl recover` repairs it or a
@@ -196,8 +201,13 @@ def drop_unused_columns(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE nodes DROP COLUMN checksum")
 
 
+def add_events_uid_index(db: sqlite3.Connection) -> None:
+    """5 -> 6: each user's events by age, for the per-user share of the log."""
+    db.execute("CREATE INDEX IF NOT EXISTS events_uid ON events (uid, id)")
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
-              4: drop_unused_columns}
+              4: drop_unused_columns, 5: add_events_uid_index}
 
 
 class Registry:
@@ -219,6 +229,7 @@ class Registry:
         self.created = False        # this open made the registry (there was none)
         self._instance: str | None = None       # meta 'instance', once read
         self._event_bytes: int | None = None    # what max_event_bytes counts; None: recount
+        self._uid_event_bytes: dict[int, int] = {}   # the same per user, counted when first asked
         self.last_change = time.monotonic()     # of the last transaction: idle detection
         self._checkpointed = self.last_change   # of the last checkpoint that finished
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -327,6 +338,7 @@ class Registry:
         except BaseException:
             self._in_txn = False
             self._event_bytes = None          # events it added or pruned are undone: recount
+            self._uid_event_bytes.clear()
             self.db.execute("ROLLBACK TO change")
             self.db.execute("RELEASE change")
             if not self._batched:
@@ -359,6 +371,7 @@ class Registry:
             self.db.execute("COMMIT")
         except sqlite3.Error:
             self._event_bytes = None
+            self._uid_event_bytes.clear()
             if not self.db.in_transaction:
                 # SQLite rolled the transaction back itself (a full disk does that at
                 # COMMIT): there is nothing left to commit, and the next change begins anew.
@@ -488,9 +501,40 @@ class Registry:
             self._delete_events_through(newest - self.max_events)
         if self._event_bytes is None or self._event_bytes > self.max_event_bytes:
             self._prune_event_bytes(newest)
+        if uid is not None and uid != 0 and uid != os.geteuid():
+            self._prune_user_share(uid, newest, len(text) + (len(path.encode(
+                errors="replace")) if path else 0))
         return newest
 
+    def _prune_user_share(self, uid: int, newest: int, added: int) -> None:
+        """Past its share (EVENT_SHARE_PER_UID of max_event_bytes): delete `uid`'s oldest
+        events (never `newest`) down to EVENT_PRUNE_TO of the share."""
+        share = int(self.max_event_bytes * EVENT_SHARE_PER_UID)
+        held = self._uid_event_bytes.get(uid)
+        if held is None:
+            held = self.db.execute(f"SELECT COALESCE(SUM({EVENT_BYTES_SQL}), 0) FROM events"
+                                   " WHERE uid = ?", (uid,)).fetchone()[0]
+        else:
+            held += added
+        excess = held - int(share * EVENT_PRUNE_TO)
+        if held > share and excess > 0:
+            freed, cut = 0, None
+            cur = self.db.execute(f"SELECT id, {EVENT_BYTES_SQL} FROM events"
+                                  " WHERE uid = ? AND id < ? ORDER BY id", (uid, newest))
+            for row_id, size in cur:
+                freed, cut = freed + size, row_id
+                if freed >= excess:
+                    break
+            cur.close()
+            if cut is not None:
+                self.db.execute("DELETE FROM events WHERE uid = ? AND id <= ?", (uid, cut))
+                held -= freed
+                if self._event_bytes is not None:
+                    self._event_bytes -= freed
+        self._uid_event_bytes[uid] = held
+
     def _delete_events_through(self, last_id: int) -> None:
+        self._uid_event_bytes.clear()       # recounted per user when next needed
         if self._event_bytes is not None:
             freed = self.db.execute(f"SELECT COALESCE(SUM({EVENT_BYTES_SQL}), 0) FROM events"
                                     " WHERE id <= ?", (last_id,)).fetchone()[0]

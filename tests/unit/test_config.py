@@ -28,6 +28,9 @@ def test_parse_values():
     assert (c.backend, c.mount, c.scrub_rate, c.host_capacity) == \
         ("host", None, 200 << 20, 1 << 20)
     assert c.quotas == {0: 16 << 30, 1000: 0}
+    assert config.parse('default_quota = "4G"').default_quota == 4 << 30
+    assert config.parse('default_quota = "25%"').default_quota == 0.25
+    assert config.parse('default_quota = "none"').default_quota is None
 
 
 @pytest.mark.parametrize("text, message", [
@@ -37,6 +40,8 @@ def test_parse_values():
     ("[backend]\nx = 1", "bad value for 'backend': a table"),
     ("host_capacity = 0", "bad value for 'host_capacity': 0: must be at least 1 byte"),
     ("x = ", "invalid TOML"),
+    ("default_quota = '150%'", "bad value for 'default_quota': '150%': expected a share from"),
+    ("default_quota = 'lots'", "or \"none\""),
 ])
 def test_errors(text, message):
     with pytest.raises(config.ConfigError) as err:
