@@ -605,10 +605,6 @@ class Namespace:
                 ours[alloc.device] = ours.get(alloc.device, 0) + (alloc.capacity or 0) + parity
         return ours
 
-    @staticmethod
-    def walk_allocations(node: Node):
-        return (n for n in walk(node) if isinstance(n, Allocation))
-
     def ecc_targets(self, paths: list[str], cred: Credentials, everything: bool
                     ) -> list[Allocation]:
         """The allocations a verify covers: the named ones (a directory: everything under
@@ -620,9 +616,22 @@ class Namespace:
             if not paths:
                 raise UsageError("name one or more allocations, or use --all")
             nodes = [self.lookup(p, cred, allow_root=True) for p in paths]
+            for node in nodes:
+                if isinstance(node, Directory):       # what `ls DIR` needs
+                    require(node, cred, R | X, "list")
         out: list[Allocation] = []
+        seen: set[int] = set()
         for node in nodes:
-            for a in self.walk_allocations(node):
-                if a not in out and self.allowed(a, cred, R):
+            for a in self.listable_allocations(node, cred):
+                if a.id not in seen and self.allowed(a, cred, R):
+                    seen.add(a.id)
                     out.append(a)
         return out
+
+    def listable_allocations(self, top: Node, cred: Credentials):
+        """The allocations under `top` that `ls -R` would show `cred`: it enters only the
+        directories it may list (read and search), so that a name inside a private
+        directory never reaches an answer (docs/security.md)."""
+        def enter(d: Directory) -> bool:
+            return self.allowed(d, cred, R | X)
+        return (n for n in walk(top, enter) if isinstance(n, Allocation))

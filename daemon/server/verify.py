@@ -76,7 +76,30 @@ async def scrub(call: Call) -> Reply:
         return scrubber.start(call.args["rate"]), []
     if action == "stop":
         return scrubber.stop(), []
-    return scrubber.status(), []
+    return visible_scrub_status(call, scrubber.status()), []
+
+
+def visible_scrub_status(call: Call, status: dict) -> dict:
+    """`scrub status` as this caller may see it: the per-allocation lines only of the
+    allocations it could `info` now (search permission on every directory above; the
+    privileged see all), so that names inside private directories do not leak. The totals
+    stay whole: they name nothing."""
+    if privileged(call.session):
+        return status
+
+    def visible(lines: dict) -> dict:
+        out = {}
+        for key, line in lines.items():
+            node = call.manager.node_or_none(int(key))
+            if node is not None and call.manager.may_search_to(node, call.session.cred):
+                out[key] = {**line, "path": node.path}
+        return out
+    status = dict(status)
+    if "allocations" in status:
+        status["allocations"] = visible(status["allocations"])
+    if status.get("last") and "allocations" in status["last"]:
+        status["last"] = {**status["last"], "allocations": visible(status["last"]["allocations"])}
+    return status
 
 
 async def check(call: Call) -> Reply:
