@@ -120,6 +120,12 @@ def _event_log_size(value) -> int:
     return size
 
 
+def _bool(value) -> bool:
+    if not isinstance(value, bool):
+        raise BadValue("expected true or false (without quotes)")
+    return value
+
+
 def _default_quota(value) -> int | float | None:
     """default_quota: "none", a size, or a share of all devices' memory ("50%", a float in
     (0, 1] here; daemon/main.py turns it into bytes once the backend is known)."""
@@ -226,6 +232,10 @@ KEYS: tuple[Key, ...] = (
         "the quota of every uid that [quotas] does not name, but root and the daemon's own: "
         'a size, or a share of all devices\' memory such as "50%"; set it on a shared server',
         _default_quota),
+    Key("cuda_fds_to_readers", "boolean", "false",
+        "on the cuda backend, also give descriptors of the memory (open, attach) to callers "
+        "with only read permission: trust every such reader to leave the memory unchanged, "
+        "for no CUDA handle can be made read-only", _bool),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -253,6 +263,7 @@ class Config:
     max_handles_per_uid: int | None = None
     admin_group: int | None = None
     default_quota: int | float | None = None
+    cuda_fds_to_readers: bool | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -354,6 +365,7 @@ def apply(args, config: Config) -> None:
     args.scrub_rate = config.scrub_rate or None     # 0: the duty cycle (daemon/scrub.py)
     args.quotas = dict(config.quotas)
     args.default_quota = config.default_quota    # bytes, a share (float) or None
+    args.cuda_fds_to_readers = bool(config.cuda_fds_to_readers)
     args.event_log_size = config.event_log_size     # None: the registry's default (64 MiB)
     args.admin_group = config.admin_group
     args.max_connections = config.max_connections or DEFAULT_MAX_CONNECTIONS

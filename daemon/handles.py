@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 
-from gpumemctl.protocol import UsageError, round_up
+from gpumemctl.protocol import PermissionDenied, UsageError, round_up
 
 from .backends import Backend
 from .custody import Custody
@@ -25,7 +25,7 @@ from .integrity import Integrity, ParityJob
 from .journal import Journal
 from .namespace import DAEMON, NOW, SEALED, Namespace
 from .nodes import Allocation, Holder
-from .permissions import Credentials, R, W, require
+from .permissions import Credentials, R, W, allowed, require
 from .registry import Registry
 from .sessions import Session
 
@@ -34,6 +34,7 @@ class HandleVerbs:
     # Set by AllocationManager.__init__, and the verbs of daemon/manager.py used here.
     registry: Registry
     backend: Backend
+    fds_to_readers: bool            # config cuda_fds_to_readers
     journal: Journal
     ns: Namespace
     integrity: Integrity
@@ -43,6 +44,7 @@ class HandleVerbs:
     setattr: Callable[..., object]
     sync: Callable[..., None]
     sync_job: Callable[[Allocation], ParityJob | None]
+    read_at: Callable[..., bytes]
     _commit_size: Callable[..., None]
     _protect_resized: Callable[..., None]
 
@@ -85,6 +87,8 @@ class HandleVerbs:
         alloc = self.ns.lookup_allocation(path, cred)
         writable = mode == "rw"
         require(alloc, cred, R | W if writable else R)
+        if not writable:
+            self.require_fd_for_reader(alloc, cred)
         self.custody.require_memory(alloc)
         if alloc.damaged:     # a mapping cannot fail a range: refuse the whole allocation
             self.integrity.require_undamaged(alloc, 0, alloc.size or 0)
@@ -145,6 +149,33 @@ class HandleVerbs:
                 self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
                                           changed_ns=alloc.changed_ns, unsealed=SEALED)
                 self.journal.event("seal", alloc, cred, reason=reason)
+
+    def require_fd_for_reader(self, alloc: Allocation, cred: Credentials) -> None:
+        """Where an fd lets its holder write (Backend.fd_grants_write: cuda), a caller gets
+        one only with write permission, unless the administrator trusts readers with it
+        (config cuda_fds_to_readers). A reader gets the bytes by copy instead: the `read`
+        request (what `gpumemctl read` falls back to) or the mount (docs/security.md)."""
+        if not self.backend.fd_grants_write or self.fds_to_readers or allowed(alloc, cred, W):
+            return
+        raise PermissionDenied(
+            f"permission denied: on the {self.backend.name} backend a descriptor of "
+            f"'{alloc.path}' would let uid {cred.uid} write it, and uid {cred.uid} may only "
+            "read it: read it by copy (gpumemctl read, the mount), or open it with write "
+            "permission (docs/security.md)", details={"errno": "EACCES", "by_copy": True})
+
+    def copy_out(self, path: str, cred: Credentials, offset: int, length: int) -> bytes:
+        """The `read` request: up to `length` bytes at `offset` by copy (clipped to the size),
+        for a caller with read permission; no fd, no holder (as the mount reads)."""
+        alloc = self.ns.lookup_allocation(path, cred)
+        require(alloc, cred, R)
+        self.custody.require_memory(alloc)
+        if offset < 0 or length < 0:
+            raise UsageError(f"invalid read range: offset {offset}, length {length}: "
+                             "expected offsets and lengths of 0 or more")
+        length = max(0, min(offset + length, alloc.size or 0) - offset)
+        if alloc.damaged and length:
+            self.integrity.require_undamaged(alloc, offset, length)
+        return self.read_at(alloc, offset, length)
 
     def export_dmabuf(self, path: str, cred: Credentials) -> tuple[int, dict]:
         """A dma-buf fd of the whole capacity, for RDMA registration. A NIC may read and

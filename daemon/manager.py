@@ -56,12 +56,14 @@ class AllocationManager(HandleVerbs, Queries):
     def __init__(self, registry: Registry, backend: Backend, keeper, *,
                  fault_injection: bool = False, default_ecc: str = "rs",
                  quotas: dict[int, int] | None = None, default_quota: int | None = None,
-                 max_names_per_uid: int | None = None, max_handles_per_uid: int | None = None):
+                 max_names_per_uid: int | None = None, max_handles_per_uid: int | None = None,
+                 fds_to_readers: bool = False):
         """`fault_injection`: gpumemd --enable-fault-injection (debug_corrupt); `default_ecc`:
         the ECC of creates that name none (config `ecc`); `quotas`: uid -> the capacity in
         bytes that uid's allocations may hold (config [quotas]); `default_quota`: the
         capacity of every other uid but root's and the daemon's (config default_quota);
-        `max_names_per_uid`, `max_handles_per_uid`: the same config keys (None: no limit)."""
+        `max_names_per_uid`, `max_handles_per_uid`: the same config keys (None: no limit);
+        `fds_to_readers`: config cuda_fds_to_readers (HandleVerbs.require_fd_for_reader)."""
         if default_ecc not in ECC_MODES:
             raise ValueError(f"invalid default ecc {default_ecc!r}: expected one of "
                              f"{', '.join(ECC_MODES)}")
@@ -77,6 +79,7 @@ class AllocationManager(HandleVerbs, Queries):
         self.quotas = Quotas(self.ns.allocations, quotas, kept=self._kept_open,
                              default=default_quota, exempt=administrative_uid)
         self.fault_injection = fault_injection
+        self.fds_to_readers = fds_to_readers
         self.default_ecc = default_ecc
         self._dirty: set[int] = set()        # ids whose size/times await flush_times()
 

@@ -26,6 +26,7 @@ from _thread import allocate_lock  # what threading.Lock() returns
 from .protocol import (
     PROTOCOL_VERSION,
     NotRunning,
+    PermissionDenied,
     ProtocolError,
     UsageError,
     default_socket,
@@ -39,6 +40,7 @@ from .protocol.defaults import (
     EVENTS_LIMIT,
     FILE_MODE,
     OPEN_MODE,
+    READ_COPY_BYTES,
     SCRUB_ACTION,
 )
 
@@ -245,12 +247,45 @@ class Client:
 
     def read_to(self, path: str, out: BinaryIO, offset: int = 0, length: int | None = None,
                 progress: Callable[[int, int], None] | None = None) -> int:
-        """Stream a range of an allocation to a file object; returns bytes written."""
-        with self.open(path, "r") as h:
+        """Stream a range of an allocation to a file object; returns bytes written. Through
+        an fd where the daemon gives one; by copy where it does not (a reader on the cuda
+        backend: docs/security.md)."""
+        try:
+            h = self.open(path, "r")
+        except PermissionDenied as exc:
+            if not exc.details.get("by_copy"):
+                raise
+            return self._copy_to(path, out, offset, length, progress)
+        with h:
             length = h.size - offset if length is None else length
             h._check_range(offset, length)
             return h.memory.read_to(out, offset, length,
                                     lambda done: progress and progress(done, length))
+
+    def read_copy(self, path: str, offset: int = 0, length: int = READ_COPY_BYTES) -> bytes:
+        """Up to `length` (at most READ_COPY_BYTES) bytes at `offset`, copied through the
+        socket: no fd, no lock, read permission only (b"" at or past the end)."""
+        from base64 import b64decode  # only on this path (module docstring)
+        answer = self.call("read", path=path, offset=offset, length=length)
+        return b64decode(answer["data"])
+
+    def _copy_to(self, path: str, out: BinaryIO, offset: int, length: int | None,
+                 progress: Callable[[int, int], None] | None) -> int:
+        size = self.info(path).get("size") or 0
+        length = max(size - offset, 0) if length is None else length
+        if offset < 0 or length < 0 or offset + length > size:
+            raise UsageError(f"range offset {offset} length {length} is outside "
+                             f"'{path}' (size {size})")
+        done = 0
+        while done < length:
+            data = self.read_copy(path, offset + done, min(READ_COPY_BYTES, length - done))
+            if not data:
+                break
+            out.write(data)
+            done += len(data)
+            if progress:
+                progress(done, length)
+        return done
 
     def write_from(self, path: str, src: BinaryIO, offset: int = 0,
                    progress: Callable[[int, int], None] | None = None,

@@ -405,6 +405,7 @@ CONF_TYPES = {
             "of 1000)",
     "table": "a TOML table of its own, [NAME], with one line per entry",
     "integer": "a whole number, without quotes",
+    "boolean": "true or false, without quotes",
 }
 
 # Written text that a key's one-line doc in config.KEYS cannot carry: shown as a second
@@ -447,6 +448,7 @@ CONF_EXAMPLE = [
     "max_handles_per_uid = 4096       # open handles, attachments, leases of one user",
     "admin_group = 27                 # a gid or a group name: scrub control, recover",
     'default_quota = "25%"            # every uid [quotas] does not name; root excepted',
+    "cuda_fds_to_readers = false      # true: readers get fds too (and could write)",
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",
     '1000 = "16G"                     # a uid, written as a key',

@@ -59,6 +59,10 @@ BufferT = TypeVar("BufferT", bound=Buffer)   # the Buffer subclass a backend mak
 class Backend(abc.ABC, Generic[BufferT]):
     name: str
     ecc_cache_dir: str | None = None   # where a GPU codec keeps compiled kernels (gpumemd sets it)
+    # Whether any fd `export` hands out lets its holder write the memory, whatever `writable`
+    # said (cuda: an imported VMM handle cannot be made read-only). The manager then gives
+    # fds only to callers with write permission (docs/security.md).
+    fd_grants_write: bool = False
 
     @abc.abstractmethod
     def devices(self) -> list[DeviceInfo]: ...

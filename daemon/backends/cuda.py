@@ -61,6 +61,7 @@ def _describe_unusable(index: int) -> str:
 
 class CudaBackend(Backend[CudaBuffer]):
     name = "cuda"
+    fd_grants_write = True          # the shareable fd carries no access mode (above)
 
     def __init__(self, **_options):
         try:

@@ -3,6 +3,8 @@ close, attach, detach, seal, export_dmabuf. Each hands its checked arguments to 
 manager verb and shapes the answer (docs/protocol.md has the table)."""
 from __future__ import annotations
 
+import base64
+
 from .. import offload
 from .call import Call, Reply
 
@@ -71,6 +73,16 @@ async def open_(call: Call) -> Reply:
     holder, fd, node = call.manager.open(call.args["path"], call.session.cred, call.session,
                                          call.args["mode"])
     return {"handle": holder.id, "info": node, "backend": call.manager.backend_name}, [fd]
+
+
+async def read(call: Call) -> Reply:
+    """Bytes by copy, base64 in the answer: how a caller with read permission reads where
+    an fd would let it write (the cuda backend; docs/security.md). At most READ_COPY_BYTES a
+    request, so the answer stays small and within the send limits."""
+    a = call.args
+    data = call.manager.copy_out(a["path"], call.session.cred, a["offset"], a["length"])
+    return {"offset": a["offset"], "bytes": len(data),
+            "data": base64.b64encode(data).decode("ascii")}, []
 
 
 async def close(call: Call) -> Reply:

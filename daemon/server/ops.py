@@ -22,6 +22,7 @@ from gpumemctl.protocol.defaults import (
     FILE_MODE,
     OPEN_MODE,
     PROTOCOL_VERSION,
+    READ_COPY_BYTES,
     SCRUB_ACTION,
 )
 
@@ -104,6 +105,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("rm", (path(), flag("recursive"), flag("force")), allocations.rm),
     Op("durable", (path(), flag("durable")), allocations.durable),
     Op("open", (path(), OPEN), allocations.open_),
+    Op("read", (path(), Arg("offset", Kind.INT, 0, what="a byte offset (an integer)"),
+                Arg("length", Kind.INT, clamp=(0, READ_COPY_BYTES),
+                    what="a number of bytes (an integer)")),
+       allocations.read),
     Op("close", (HANDLE, Arg("written", Kind.OBJECT, None)), allocations.close),
     Op("attach", (path(), OPEN), allocations.attach),
     Op("detach", (HANDLE,), allocations.detach),

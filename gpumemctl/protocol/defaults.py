@@ -14,6 +14,7 @@ DIR_MODE = 0o755            # a new directory
 OPEN_MODE = "r"             # `open`/`attach`: read-only unless asked for "rw"
 EVENTS_LIMIT = 100          # `events`/`subscribe`: the most events in one answer...
 EVENTS_MAX_LIMIT = 10_000   # ...and the bound a larger `limit` is brought down to
+READ_COPY_BYTES = 4 << 20   # `read` (by copy): the most bytes one answer carries
 SCRUB_ACTION = "status"     # `scrub` without an action reports
 CORRUPT_PATTERN = "ff"      # `debug_corrupt`: the hex bytes written over the range
 
