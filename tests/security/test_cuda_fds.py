@@ -45,7 +45,7 @@ def cuda_daemon(daemon_factory, fake_lib, tmp_path, text: str = ""):
 
 def attempt_fds(c: Client, op: str, **args) -> dict:
     try:
-        result, fds = c.call_fds(op, **args)
+        _result, fds = c.call_fds(op, **args)
     except GpumemError as exc:
         return {"code": exc.code, "message": str(exc), "details": exc.details}
     framing.close_fds(fds)
