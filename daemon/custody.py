@@ -431,7 +431,7 @@ class Custody:
         alloc.buffer = None
         self.registry.update_node(alloc.id, state="lost")
         self.journal.event("lost", alloc, None, reason=reason)
-        log.warning("allocation %s (id %d) is lost: %s", alloc.path, alloc.id, reason)
+        log.warning("allocation '%s' (id %d) is lost: %s", alloc.path, alloc.id, reason)
 
     def free_orphan(self, key: int, fds: list[int], reason: str = "crash residue") -> None:
         """Free what the keeper held under a key the registry does not list. Normally the

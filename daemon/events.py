@@ -15,6 +15,12 @@ types named there, and bounds the result:
 A kind the schema does not know (a new one added without its entry here) keeps its scalar
 values, bounded the same way. tests/unit/test_event_schema.py checks that every kind and key
 the daemon's code emits is listed.
+
+No client writes text into a detail: the one detail a client reports (CLIENT_REPORTED) has
+numbers only, so a string a client sends there is dropped. Every other string is the
+daemon's: its own words, a mode it formats, or a name it holds. A name is chosen by a client
+and may hold any character, so whoever shows a detail to a person escapes it
+(gpumemctl/protocol/escape.py: the CLI, the monitor, the daemon's log formatter).
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ INT_RANGE = (-(1 << 63), (1 << 64) - 1)   # what SQLite and every reader can hol
 # Value types: "str", "int", "bool", "ints" (a list of integers, e.g. block numbers),
 # "ranges" (a list of [start, end) byte ranges). Any value may also be null.
 _REASON = {"reason": "str"}
+# The kinds whose detail a client reports: typed numbers only, never "str" (a test holds it).
+CLIENT_REPORTED = frozenset({"write"})
 SCHEMA: dict[str, dict[str, str]] = {
     "start": {"backend": "str", "adopted": "int", "lost": "int", "orphans_freed": "int",
               "orphans_adopted": "int", "transients_dropped": "int",

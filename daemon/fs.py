@@ -69,7 +69,14 @@ DOTS = 2                     # "." and "..": the first entries of every director
 
 class ProcGroups:
     """A process's supplementary groups, read from /proc only if a check needs them (most
-    requests are decided by uid alone: root, or the owner)."""
+    requests are decided by uid alone: root, or the owner).
+
+    /proc and not SO_PEERGROUPS as the socket does (daemon/permissions.py): a FUSE request
+    carries the caller's pid, uid and gid and nothing else, and there is no socket of the
+    caller's to ask. So this is what the kernel offers. It is read while the request is
+    being served, while the caller normally still waits in its system call (a caller killed
+    meanwhile could leave its pid to another process: a narrow window, and the kernel has
+    checked the permission bits already wherever default_permissions applies)."""
 
     def __init__(self, pid: int):
         self.pid = pid

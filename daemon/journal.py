@@ -15,7 +15,6 @@ the backend or the keeper: those layers hand it their undo steps.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sqlite3
@@ -30,15 +29,6 @@ from .permissions import administrative_uid
 from .registry import Registry
 
 log = logging.getLogger("gpumemd.manager")      # the event lines keep their logger name
-
-
-def log_value(value: Any) -> str:
-    """A value for a one-line log record: as it is when plain, JSON-quoted when it holds
-    whitespace other than spaces, or unprintable characters."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return json.dumps(text)
 
 
 class Journal:
@@ -171,7 +161,8 @@ class Journal:
 
     def _publish(self, event: dict) -> None:
         """Hand a committed event to the subscribers, and log it: exactly one line at info
-        per event-log entry (names may hold newlines: log_value escapes them)."""
+        per event-log entry (names may hold newlines and ESCs: the log's formatter escapes
+        every record whole, daemon/logs.py), within each user's LineBudget."""
         if self.line_budget.take(event["uid"]):
             self._log_event(event)
         for callback in list(self.subscribers):
@@ -184,9 +175,9 @@ class Journal:
                      "events are in the event log)", left_out, uid,
                      LineBudget.LINES_PER_SECOND)
         who = f" uid={uid} pid={event['pid']}" if uid is not None else ""
-        detail = " ".join(f"{k}={log_value(v)}" for k, v in event["detail"].items())
+        detail = " ".join(f"{k}={v}" for k, v in event["detail"].items())
         path = cut(event["path"] or "-", LINE_PATH_LIMIT)     # details are bounded already
-        log.info("event %s %s%s%s", event["kind"], log_value(path), who,
+        log.info("event %s %s%s%s", event["kind"], path, who,
                  " " + detail if detail else "")
 
     # ---- observers and the log ------------------------------------------------------------

@@ -28,6 +28,7 @@ from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_
 from . import config, systemd
 from .backends import BackendUnavailable, choose_backend
 from .keeper_link import KeeperGone, open_keeper
+from .logs import setup_logging
 from .manager import AllocationManager
 from .mount import Mount, MountError
 from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
@@ -367,48 +368,6 @@ def remove_new_registry(registry: Registry) -> None:
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(registry.path + suffix)
-
-
-# journald's priorities for Python's levels (sd-daemon(3): "<N>" prefixes on stderr lines).
-JOURNAL_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
-                    logging.CRITICAL: 2}
-
-
-class JournalFormatter(logging.Formatter):
-    """For stderr connected to journald: no timestamp (the journal adds its own, and a second
-    one only clutters `journalctl`), and the level as a "<N>" priority prefix, which journald
-    turns into the entry's PRIORITY (so `journalctl -p warning` works)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        prio = JOURNAL_PRIORITY.get(record.levelno, 6)
-        return "\n".join(f"<{prio}>{line}" for line in text.split("\n"))
-
-
-def stderr_is_journal() -> bool:
-    """$JOURNAL_STREAM is "DEVICE:INODE" of the stream systemd connected; it counts only if
-    stderr is still that stream (systemd.exec(5)): a shell redirect inherits the variable."""
-    value = os.environ.get("JOURNAL_STREAM", "")
-    try:
-        dev, ino = (int(x) for x in value.split(":"))
-        st = os.fstat(sys.stderr.fileno())
-    except (ValueError, OSError):
-        return False
-    return (st.st_dev, st.st_ino) == (dev, ino)
-
-
-def setup_logging(level: str) -> None:
-    """One line per record on stderr. With a timestamp on a terminal or in a file; without,
-    and with priority prefixes, under journald."""
-    handler = logging.StreamHandler(sys.stderr)
-    if stderr_is_journal():
-        handler.setFormatter(JournalFormatter("%(levelname)s: %(message)s"))
-    else:
-        handler.setFormatter(logging.Formatter(
-            "%(asctime)s gpumemd[%(process)d] %(levelname)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def quota_bytes(quota: int | float | None, backend) -> int | None:

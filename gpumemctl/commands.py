@@ -246,7 +246,6 @@ def events(follow: Annotated[bool, typer.Option("-f", "--follow",
            = None,
            json_: JsonOpt = False):
     """The event log. With --json --follow, one JSON object per line."""
-    import json
     as_json = want_json(json_)
     with connect() as c:
         if follow:
@@ -255,7 +254,10 @@ def events(follow: Annotated[bool, typer.Option("-f", "--follow",
                     if path and e["path"] != path and not (e["path"] or "").startswith(
                             path + "/"):
                         continue
-                    output.data(json.dumps(e) if as_json else formats.event_line(e))
+                    if as_json:
+                        output.json_line(e)
+                    else:
+                        output.data(formats.event_line(e))
                     sys.stdout.flush()
             except KeyboardInterrupt:
                 return OK
@@ -617,7 +619,7 @@ def run(argv: list[str]) -> int:
     except click.exceptions.NoArgsIsHelpError as exc:      # `gpumemctl`, `gpumemctl debug`
         text = exc.format_message()     # the help; typer's rich help printed itself: ""
         if text:
-            output.data(text)
+            output.trusted_text(text)
         return USAGE
     except click.UsageError as exc:
         output.usage_error(usage_message(exc), help_hint(exc.ctx))

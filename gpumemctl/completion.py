@@ -102,8 +102,12 @@ def allocation_names(socket_path: str | None, incomplete: str) -> list[tuple[str
 
 
 def _matching(client, directory: str, prefix: str) -> list[dict]:
+    """Names with a control character are left out: a candidate is a line to the shell,
+    and a newline in one would forge a second candidate (nobody types those names anyway)."""
+    from .protocol.escape import has_controls
     entries = client.ls(directory)
-    return [e for e in entries if e["path"].startswith(prefix) and e["path"] != directory]
+    return [e for e in entries if e["path"].startswith(prefix) and e["path"] != directory
+            and not has_controls(e["path"])]
 
 
 def _candidate(entry: dict) -> tuple[str, str]:

@@ -15,7 +15,7 @@ def parse_mode(text: str) -> int:
     """Octal permission bits, e.g. "0640"; anything else is a usage error naming it."""
     text = text.strip()
     if not (1 <= len(text) <= 4 and all(ch in "01234567" for ch in text)):
-        raise UsageError(f"invalid mode {text!r}: expected octal permission bits 0000-7777, "
+        raise UsageError(f"invalid mode '{text}': expected octal permission bits 0000-7777, "
                          "such as 0640")
     return int(text, 8)
 

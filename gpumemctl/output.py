@@ -1,6 +1,10 @@
 """All terminal output of the CLI: data on stdout, diagnostics on stderr.
 
 A user error is one line on stderr ("gpumemctl: error: ..."); a bug prints its traceback.
+Every line for a person goes through `escape()` here, and only here (callers pass raw
+names): a name's newline or ESC is shown as `\\n` or `\\x1b`, never obeyed
+(gpumemctl/protocol/escape.py has the rule). JSON is written as it is (`emit_json`,
+`json_line`): it escapes control characters itself.
 """
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import sys
 import time
 
 from .protocol import format_size
+from .protocol.escape import escape
 from .protocol.jsontext import dumps as compact_json
 
 TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
@@ -16,7 +21,19 @@ if TYPE_CHECKING:
 
 
 def data(text: str = "") -> None:
+    """One line for a person: a newline inside `text` is shown escaped, not obeyed."""
+    sys.stdout.write(escape(text) + "\n")
+
+
+def trusted_text(text: str) -> None:
+    """Text of our own, written as it is (help: many lines, no names in it)."""
     sys.stdout.write(text + "\n")
+
+
+def json_line(obj) -> None:
+    """One JSON object on a line (`events --follow --json`)."""
+    import json
+    sys.stdout.write(json.dumps(obj) + "\n")
 
 
 def emit_json(obj) -> None:
@@ -32,7 +49,7 @@ def emit_json(obj) -> None:
 
 
 def error(message: str) -> None:
-    print(f"gpumemctl: error: {message}", file=sys.stderr)
+    print(f"gpumemctl: error: {escape(message)}", file=sys.stderr)
 
 
 def warning(message: str) -> None:
@@ -44,16 +61,19 @@ def usage_error(message: str, hint: str | None) -> None:
     """A command line that cannot run: the error line, then where help is."""
     error(message)
     if hint:
-        print(hint, file=sys.stderr)
+        print(escape(hint), file=sys.stderr)
 
 
 def note(message: str) -> None:
     """A confirmation for a person at a terminal; silent when stderr is not a TTY."""
     if sys.stderr.isatty():
-        print(message, file=sys.stderr)
+        print(escape(message), file=sys.stderr)
 
 
 def table(rows: list[list[str]], headers: list[str], right: Set[int] = frozenset()) -> None:
+    """Columns of cells; each cell escaped before the widths are taken, so that they line up
+    (rows are written with sys.stdout.write: escaping them again would double backslashes)."""
+    rows = [[escape(c) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=False)]
@@ -61,9 +81,9 @@ def table(rows: list[list[str]], headers: list[str], right: Set[int] = frozenset
     def fmt(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w)
                          for i, (c, w) in enumerate(zip(cells, widths, strict=False))).rstrip()
-    data(fmt(headers))
+    sys.stdout.write(fmt(headers) + "\n")
     for row in rows:
-        data(fmt(row))
+        sys.stdout.write(fmt(row) + "\n")
 
 
 class Progress:
@@ -91,7 +111,7 @@ class Progress:
         self.last = now
         rate = done / max(now - self.start, 1e-6)
         pct = f"{100 * done / self.total:5.1f}% " if self.total else ""
-        head = f"{self.label}: {detail}: " if detail else f"{self.label}: "
+        head = escape(f"{self.label}: {detail}: " if detail else f"{self.label}: ")
         sys.stderr.write(f"\r{head}{pct}{format_size(done)} at "
                          f"{format_size(int(rate))}/s   ")
         sys.stderr.flush()

@@ -22,6 +22,7 @@ from textual.notifications import SeverityLevel
 
 from gpumemctl.formats import duration
 from gpumemctl.protocol import GpumemError, NotRunning, format_size
+from gpumemctl.protocol.escape import escape
 
 from .messages import (
     ActionDone,
@@ -105,6 +106,13 @@ class GpumemApp(App):
 
     def get_default_screen(self) -> MainScreen:
         return self.main
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Every notification, escaped and without markup: most quote a name or a daemon
+        message, which may hold an ESC, a newline or "[" (gpumemctl/protocol/escape.py)."""
+        super().notify(escape(message), title=escape(title), severity=severity,
+                       timeout=timeout, markup=False)
 
     def on_mount(self) -> None:
         self.request_snapshot()

@@ -15,9 +15,11 @@ complete (results on the host; the caller may free the buffers):
     repair(data, parity, cks, n)             in place: (status uint8[n], corrected int64[n]),
                                              status layout.CLEAN / CORRECTED / UNCORRECTABLE
 
-The cache: `cache_dir`/ecc-<arch>-<sha256 of source and options>.cubin (or .ptx); written
-atomically, so concurrent daemons at worst compile twice. A file that fails to load is
-recompiled and replaced. `compiled_from_cache` says what this instance did.
+The cache: `cache_dir`/ecc-<arch>-<sha256 of source and options>.cubin (or .ptx), checked
+before it is loaded (daemon/ecc/kcache.py: the directory and file must be the daemon's own,
+the image must match the SHA-256 in the file's header); written atomically, so concurrent
+daemons at worst compile twice. A file that fails the check or fails to load is recompiled
+and replaced. `compiled_from_cache` says what this instance did.
 
 Measured on an H100 80GB HBM3 (bench/ecc.py, 8 GiB): encode 2.70 TB/s and verify 2.86 TB/s of
 data, beside 3.05 TB/s for a kernel that only reads the same buffer; NVRTC compiles the file in
@@ -29,11 +31,11 @@ import ctypes
 import hashlib
 import logging
 import os
-import tempfile
 import threading
 
 import numpy as np
 
+from daemon.ecc import kcache
 from daemon.ecc.layout import (
     BLOCK,
     CHECKSUM_BYTES,
@@ -91,72 +93,63 @@ def _options(arch: str, extra_options) -> tuple[str, ...]:
     return (f"--gpu-architecture={arch}", *BASE_OPTIONS, *extra_options)
 
 
-def cache_path(cache_dir: str, source: bytes, arch: str, cubin: bool, extra_options=()) -> str:
+def cache_name(source: bytes, arch: str, cubin: bool, extra_options=()) -> tuple[str, str]:
+    """(the cache file's name, its key) for kernels.cu compiled for `arch`."""
     key = cache_key(source, _options(arch, extra_options))
-    return os.path.join(cache_dir, f"ecc-{arch}-{key}.{'cubin' if cubin else 'ptx'}")
+    return f"ecc-{arch}-{key}.{'cubin' if cubin else 'ptx'}", key
 
 
-def _read_cached(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read() or None
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        log.warning("ECC kernel cache %s unreadable (%s): compiling", path, exc)
-        return None
+def cache_path(cache_dir: str, source: bytes, arch: str, cubin: bool, extra_options=()) -> str:
+    return os.path.join(cache_dir, cache_name(source, arch, cubin, extra_options)[0])
 
 
 def load_or_compile(capability: tuple[int, int], cache_dir: str | None, extra_options=(), *,
                     skip_cache: bool = False) -> tuple[bytes, bool, str | None, str]:
     """(image, from_cache, cache path or None, arch) of kernels.cu for a device of this
     compute capability. A cached cubin for the device's own sm_XY is used without asking
-    NVRTC anything (a daemon with a warm cache needs no libnvrtc)."""
-    source = read_source()
+    NVRTC anything (a daemon with a warm cache needs no libnvrtc). What is cached is
+    checked before it is used (daemon/ecc/kcache.py): a cache directory or file another
+    user could write is not used, a file that does not match its SHA-256 is compiled again."""
+    cache = kcache.KernelCache(cache_dir) if cache_dir else None
+    try:
+        return _load_or_compile(read_source(), capability, cache, extra_options, skip_cache)
+    finally:
+        if cache is not None:
+            cache.close()
+
+
+def _load_or_compile(source: bytes, capability: tuple[int, int], cache: kcache.KernelCache | None,
+                     extra_options, skip_cache: bool) -> tuple[bytes, bool, str | None, str]:
+    use = cache is not None and cache.usable and not skip_cache
     arch, cubin = f"sm_{capability[0]}{capability[1]}", True
-    path: str | None
-    if cache_dir and not skip_cache:
-        path = cache_path(cache_dir, source, arch, cubin, extra_options)
-        image = _read_cached(path)
+    if use and cache is not None:
+        name, key = cache_name(source, arch, cubin, extra_options)
+        image = cache.load(name, key, arch)
         if image is not None:
-            return image, True, path, arch
+            return image, True, os.path.join(cache.path, name), arch
     arch, cubin = target(capability)
-    path = cache_path(cache_dir, source, arch, cubin, extra_options) if cache_dir else None
-    if path and not skip_cache and not cubin:
-        image = _read_cached(path)
+    name, key = cache_name(source, arch, cubin, extra_options)
+    path = os.path.join(cache.path, name) if cache is not None else None
+    if use and cache is not None and not cubin:
+        image = cache.load(name, key, arch)
         if image is not None:
             return image, True, path, arch
     image, compile_log = cudadrv.nvrtc_compile(source, "kernels.cu",
                                                _options(arch, extra_options), cubin=cubin)
     if compile_log:
         log.debug("NVRTC log for kernels.cu (%s): %s", arch, compile_log)
-    if path:
-        store(path, image)
+    if cache is not None:
+        cache.store(name, image, key, arch, compiler=_compiler())
     return image, False, path, arch
 
 
-def store(path: str, image: bytes) -> None:
-    """Write the cache file atomically; a cache that cannot be written is only a warning."""
-    directory = os.path.dirname(path)
+def _compiler() -> str:
+    """NVRTC's version, recorded in the cache file's header (it is loaded: it just compiled)."""
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".ecc-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(image)
-            os.replace(tmp, path)
-        except BaseException:
-            with_suppressed(os.unlink, tmp)
-            raise
-    except OSError as exc:
-        log.warning("cannot write the ECC kernel cache %s: %s", path, exc)
-
-
-def with_suppressed(fn, *args) -> None:
-    try:
-        fn(*args)
-    except OSError:
-        pass
+        major, minor = cudadrv.nvrtc_version()
+    except cudadrv.CudaError:
+        return "nvrtc"
+    return f"nvrtc {major}.{minor}"
 
 
 class _Scratch:

@@ -20,7 +20,7 @@ import trio
 
 from gpumemctl.protocol import Busy, GpumemError, ProtocolError, UsageError, framing
 
-from ..permissions import Credentials, supplementary_groups
+from ..permissions import Credentials, peer_groups
 
 log = logging.getLogger("gpumemd")
 
@@ -32,9 +32,11 @@ PEER_GONE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 
 
 def peer_credentials(sock: trio.socket.SocketType) -> Credentials:
+    """Who the peer was at connect(): pid, uid and gid (SO_PEERCRED) and its supplementary
+    groups (SO_PEERGROUPS), never what /proc says of that pid later (daemon/permissions.py)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
-    return Credentials(pid=pid, uid=uid, gid=gid, groups=supplementary_groups(pid))
+    return Credentials(pid=pid, uid=uid, gid=gid, groups=peer_groups(sock, pid))
 
 
 # accept() failing for want of file descriptors or memory: wait and try again, never stop.

@@ -79,6 +79,7 @@ from .kernels import (
 from .nvrtc import (
     nvrtc_compile,
     nvrtc_supported_archs,
+    nvrtc_version,
 )
 from .staging import (
     PinnedBuffer,
@@ -153,6 +154,7 @@ __all__ = [
     "module_unload",
     "nvrtc_compile",
     "nvrtc_supported_archs",
+    "nvrtc_version",
     "primary_context",
     "release",
     "release_contexts",

@@ -39,6 +39,12 @@ def _nv(name: str, *args):
     return out[0] if len(out) == 1 else out
 
 
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the loaded NVRTC, e.g. (12, 8)."""
+    major, minor = _nv("nvrtcVersion")
+    return int(major), int(minor)
+
+
 def nvrtc_supported_archs() -> list[int]:
     """The sm_XY numbers (e.g. 90) this NVRTC can compile for."""
     return [int(a) for a in _nv("nvrtcGetSupportedArchs")]

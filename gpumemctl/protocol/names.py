@@ -16,9 +16,12 @@ MAX_PATH_BYTES = 4096
 
 
 def _show(name: str) -> str:
-    """A name as it may appear in an error message: escaped, and cut if long."""
-    text = repr(name)
-    return text if len(text) <= 80 else text[:60] + f"...' ({len(os.fsencode(name))} bytes)"
+    """A name as it may appear in an error message: quoted, and cut if long. Not escaped:
+    whoever shows the message to a person escapes it whole (gpumemctl/protocol/escape.py),
+    as it does the daemon's other messages, which quote names the same way."""
+    if len(name) <= 78:
+        return f"'{name}'"
+    return f"'{name[:59]}...' ({len(os.fsencode(name))} bytes)"
 
 
 def split_path(path: str, *, allow_root: bool = False) -> list[str]:

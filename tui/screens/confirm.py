@@ -1,10 +1,13 @@
 """A yes/no modal, used before anything that destroys data (delete)."""
 from __future__ import annotations
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
+
+from gpumemctl.protocol.escape import escape
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -17,8 +20,9 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self):
         with Vertical(id="dialog", classes="confirm"):
-            yield Static(self.title_text, classes="dialog-title")
-            yield Static(self.question, id="question")
+            # Text, not markup: the question quotes a name, which may hold "[" or an ESC.
+            yield Static(Text(escape(self.title_text)), classes="dialog-title")
+            yield Static(Text(escape(self.question)), id="question")
             with Horizontal(classes="buttons"):
                 yield Button(self.yes, variant="error", id="yes")
                 yield Button("Cancel", variant="primary", id="no")

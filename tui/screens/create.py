@@ -2,6 +2,7 @@
 is sent (the same parsers as the CLI), with the error shown under the form."""
 from __future__ import annotations
 
+from rich.text import Text
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
@@ -10,6 +11,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 from gpumemctl.formats import parse_mode
 from gpumemctl.protocol import GpumemError, normalize, parse_size
 from gpumemctl.protocol.defaults import FILE_MODE
+from gpumemctl.protocol.escape import escape
 
 
 def validate(name: str, size: str, mode: str, device: str) -> tuple[dict | None, str, str]:
@@ -81,7 +83,7 @@ class CreateScreen(ModalScreen[dict | None]):
             self.query_one(f"#{name}", Input).set_class(name == field, "-invalid")
         error = self.query_one("#form-error", Static)
         if request is None:
-            error.update(message)
+            error.update(Text(escape(message)))     # it quotes the name as typed
             self.query_one(f"#{field}", Input).focus()
             return
         error.update("")

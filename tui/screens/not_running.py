@@ -7,6 +7,8 @@ from textual.containers import Center, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from gpumemctl.protocol.escape import escape
+
 
 class NotRunningScreen(Screen):
     def __init__(self, socket_path: str, reason: str, refresh_seconds: float) -> None:
@@ -34,7 +36,8 @@ class NotRunningScreen(Screen):
     def show(self, reason: str) -> None:
         self.reason = reason.removeprefix("gpumemd is not running: ")
         self.query_one("#down-reason", Static).update(
-            Text.assemble("socket ", (self.socket_path, "bold"), f"\n{self.reason}"))
+            Text.assemble("socket ", (escape(self.socket_path), "bold"),
+                          f"\n{escape(self.reason)}"))
         self.query_one("#down-attempts", Static).update(
             Text(f"retrying every {self.refresh_seconds:g} s ({self.attempts} "
                  "attempts so far)", style="dim"))

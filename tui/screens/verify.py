@@ -12,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import ProgressBar, Static
 
 from gpumemctl.protocol import format_size
+from gpumemctl.protocol.escape import escape
 
 from ..model import rate_text
 
@@ -27,7 +28,7 @@ class VerifyScreen(ModalScreen[None]):
 
     def compose(self):
         with Vertical(id="dialog", classes="verify"):
-            yield Static(self.title_text, classes="dialog-title")
+            yield Static(Text(escape(self.title_text)), classes="dialog-title")  # names a path
             yield ProgressBar(total=None, show_eta=False, id="verify-bar")
             yield Static("starting…", id="verify-status")
 
@@ -39,7 +40,7 @@ class VerifyScreen(ModalScreen[None]):
         count = p.get("allocations", 0)
         current = min(p.get("allocations_done", 0) + 1, count)
         self.query_one("#verify-status", Static).update(Text(
-            f"{p.get('path') or ''}\nallocation {current} of {count}, {format_size(done)} "
+            f"{escape(p.get('path') or '')}\nallocation {current} of {count}, {format_size(done)} "
             f"of {format_size(total)} at {rate_text(rate)}"))
 
     def action_hide(self) -> None:

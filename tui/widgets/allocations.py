@@ -12,6 +12,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Input, Static
 
+from gpumemctl.protocol.escape import escape
+
 from .. import model
 from ..model import COLUMN_KEYS, COLUMNS, Snapshot
 from .table import Table
@@ -95,9 +97,9 @@ class AllocationsPanel(Vertical):
                         alarm={i for i, e in enumerate(shown)
                                if e.get("state") in ALARM_STATES})
         allocations = sum(1 for e in shown if e["type"] == "allocation")
-        where = "/" + self.cwd
+        where = "/" + escape(self.cwd)
         what = f"{allocations} allocations, {len(shown) - allocations} directories"
-        match = f"  filter {self.filter_text!r}" if self.filter_text else ""
+        match = f"  filter '{escape(self.filter_text)}'" if self.filter_text else ""
         self.query_one("#alloc-title", Static).update(
             Text.assemble((where + "  ", "bold"), f"{what}{match}"))
         self._announce()

@@ -7,6 +7,7 @@ from textual.widgets import Static
 
 from gpumemctl.formats import byte_ranges, plain
 from gpumemctl.protocol import format_size
+from gpumemctl.protocol.escape import escape
 
 # Shown first, in this order; the rest follow sorted, as `info` prints them.
 FIRST = ("path", "type", "state", "size", "capacity", "device", "durable", "ecc",
@@ -27,7 +28,7 @@ def info_lines(info: dict) -> Text:
             value = byte_ranges(value)          # as `gpumemctl info` shows them
         style = "bold red" if (key == "state" and value in ("degraded", "lost")) else ""
         text.append(f"{key:<12}", style="bold")
-        text.append(f" {plain(value)}\n", style=style)    # no bare None or True
+        text.append(f" {escape(plain(value))}\n", style=style)    # no bare None or True
     return text
 
 

@@ -5,6 +5,7 @@ from rich.text import Text
 from textual.widgets import RichLog
 
 from gpumemctl.formats import event_line
+from gpumemctl.protocol.escape import escape
 
 ALARMING = {"damage", "lost", "orphan", "unsealed"}
 
@@ -20,4 +21,4 @@ class EventsPanel(RichLog):
         self.last_id = event["id"]
         style = "bold red" if event["kind"] in ALARMING else \
             ("green" if event["kind"] == "healed" else "")
-        self.write(Text(event_line(event, date=False), style=style))
+        self.write(Text(escape(event_line(event, date=False)), style=style))

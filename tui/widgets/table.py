@@ -17,6 +17,8 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
+from gpumemctl.protocol.escape import escape
+
 GAP = 2                # spaces between columns
 MAX_NAME = 48          # the first column is cut (with …) past this width
 
@@ -72,7 +74,10 @@ class Table(ScrollView, can_focus=True):
              ) -> None:
         """Replace the rows; the cursor stays on the same key where it still exists."""
         selected = self.selected_key
-        keys, cells = [key for key, _ in rows], [cells for _, cells in rows]
+        # Escaped here, where every cell enters, so that widths count what is drawn and a
+        # name's ESC or newline reaches no terminal (gpumemctl/protocol/escape.py).
+        keys = [key for key, _ in rows]
+        cells = [tuple(map(escape, row)) for _, row in rows]
         if keys == self.keys and cells == self.cells and set(alarm) == self.alarm:
             return                                   # nothing to repaint
         self.keys, self.cells, self.alarm = keys, cells, set(alarm)
