@@ -67,6 +67,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "seal": _REASON,
     "unsealed": _REASON,
     "release": _REASON,
+    "revoke": {"holders": "int"},
     "damage": {"blocks": "ints", "ranges": "ranges", **_REASON},
     "healed": {"blocks": "ints", **_REASON},
     "corrupt": {"offset": "int", "length": "int", "parity": "bool"},

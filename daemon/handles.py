@@ -103,6 +103,30 @@ class HandleVerbs:
             raise
         return alloc, holder, fd
 
+    def revoke_readers(self, alloc: Allocation, cred: Credentials, session: Session
+                       ) -> list[dict]:
+        """`gpumemctl revoke`: drop the read handles and read-only attachments of every other
+        session, so that a reader that never lets go no longer blocks the owner's writes
+        (the caller checked it is the owner or the administrator). The readers' mappings
+        stay valid (no backend can take a mapping back) and see what is written from now;
+        their close or detach then answers quietly. Writers are not revoked: writes the
+        daemon no longer tracks would leave the parity wrong (docs/security.md)."""
+        revoked = []
+        for holder in alloc.holders_of("read", "attach-r"):
+            if holder.session is session:
+                continue
+            revoked.append(holder.to_dict())
+            holder.session.revoked.add(holder.id)
+            self._remove_holder(holder)
+        if revoked:
+            with self.journal.change(durable=False):
+                self.journal.event("revoke", alloc, cred, holders=len(revoked))
+        return revoked
+
+    @staticmethod
+    def was_revoked(session: Session, holder_id: int) -> bool:
+        return holder_id in session.revoked
+
     def detach_job(self, session: Session, holder_id: int) -> ParityJob | None:
         """Step one of detach: the parity a writer's detach encodes."""
         holder = self.holders.find(session, holder_id, ATTACH_KINDS.values(), "attachment")

@@ -20,3 +20,6 @@ class Session:
     holders: dict = dataclasses.field(default_factory=dict)   # holder id -> Holder
     client: str = ""
     closed: bool = False
+    # Handles and attachments the allocation's owner revoked (HandleVerbs.revoke_readers):
+    # their close or detach answers quietly, as if they were still held.
+    revoked: set = dataclasses.field(default_factory=set)

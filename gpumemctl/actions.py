@@ -162,6 +162,18 @@ def _info_value(key: str, value) -> str:
     return plain(value)
 
 
+def revoke(name: str, json_: bool = False):
+    with connect() as c:
+        revoked = c.revoke(name)
+    if want_json(json_):
+        output.emit_json(revoked)
+        return
+    for h in revoked:
+        output.data(f"revoked {h['kind']} by pid {h['pid']} (uid {h['uid']})")
+    if not revoked:
+        output.note(f"no other session reads {name}")
+
+
 # ---- data -----------------------------------------------------------------------------------
 def write(name: str, file: str = "-", offset: str = "0", json_: bool = False):
     start = parse_offset(offset)

@@ -319,6 +319,12 @@ class Client:
         from .attach import attach
         return attach(path, mode, client=self)
 
+    def revoke(self, path: str) -> list[dict]:
+        """Take the read handles and read-only attachments of every other session off the
+        allocation (its owner, or the administrator); returns them ({id, kind, pid, uid,
+        session, since_ns}). Their mappings stay; their close/detach then answers quietly."""
+        return self.call("revoke", path=path)["revoked"]
+
     def seal(self, path: str) -> dict:
         """Declare the data written by an attached writer complete (clears `unsealed`)."""
         return self.call("seal", path=path)

@@ -166,6 +166,15 @@ def info(name: NodeArg, json_: JsonOpt = False):
     """Everything known about one allocation or directory."""
 
 
+@command("revoke", body=actions.revoke)
+def revoke(name: NameArg, json_: JsonOpt = False):
+    """Take NAME's read locks from every other session (owner or administrator).
+
+    For a reader that never lets go: its handles and read-only attachments stop blocking
+    writes; its mapping stays and sees what is written from now on. Writers are not revoked
+    (docs/security.md)."""
+
+
 @command("write", body=actions.write)
 def write(name: NameArg,
           file: Annotated[str, typer.Argument(help="Input file, or - for stdin.")] = "-",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 
 from .. import offload
-from .call import Call, Reply
+from .call import Call, Reply, require_administrator
 
 
 async def ls(call: Call) -> Reply:
@@ -89,11 +89,23 @@ async def close(call: Call) -> Reply:
     # A handle that wrote has its parity encoded on a worker thread while it is still held
     # (no other writer, the memory stays); the loop serves everyone else meanwhile.
     m = call.manager
+    if m.was_revoked(call.session, call.args["handle"]):
+        return {"revoked": True}, []
     job = m.parity_job(m.handle(call.session, call.args["handle"]))
     await offload.parity_work(job)
     m.close_handle(call.session, call.args["handle"], written=call.args["written"],
                    parity=job, planned=True)
     return {}, []
+
+
+async def revoke(call: Call) -> Reply:
+    """The owner (or the administrator) takes the read locks of every other session."""
+    m, cred = call.manager, call.session.cred
+    alloc = m.lookup_allocation(call.args["path"], cred)
+    if alloc.uid != cred.uid:
+        require_administrator(call, f"revoke the readers of '{alloc.path}', which uid "
+                                    f"{alloc.uid} owns")
+    return {"revoked": m.revoke_readers(alloc, cred, call.session)}, []
 
 
 async def attach(call: Call) -> Reply:
@@ -104,6 +116,8 @@ async def attach(call: Call) -> Reply:
 
 async def detach(call: Call) -> Reply:
     m, handle = call.manager, call.args["handle"]
+    if m.was_revoked(call.session, handle):
+        return {"info": None, "revoked": True}, []
     job = m.detach_job(call.session, handle)      # a writer's seal: its parity off the loop
     await offload.parity_work(job)
     return {"info": m.detach(call.session, handle, parity=job, planned=True)}, []

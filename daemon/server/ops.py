@@ -111,6 +111,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
        allocations.read),
     Op("close", (HANDLE, Arg("written", Kind.OBJECT, None)), allocations.close),
     Op("attach", (path(), OPEN), allocations.attach),
+    Op("revoke", (path(),), allocations.revoke),
     Op("detach", (HANDLE,), allocations.detach),
     Op("seal", (path(),), allocations.seal),
     Op("export_dmabuf", (path(),), allocations.export_dmabuf),
