@@ -17,8 +17,13 @@ peers of its own uid (SO_PEERCRED). Requests (`op`):
   watch                    -> no answer: the daemon keeps this connection open and learns of
                               the keeper's death from its EOF
   shutdown                 -> {}; then it exits, closing every fd it held
-If its socket file is removed or replaced, nobody can reach it again, so it exits rather than
-pin memory forever.
+Its socket is recognised by device and inode (an inode number alone repeats across
+filesystems). If the socket file is removed, it binds it again and goes on holding: durable
+memory must not depend on nobody deleting a file (the state directory is the daemon's alone,
+daemon/paths.py, so only root or the daemon's uid can). If it is replaced by another file,
+someone else serves that name now (a new keeper, which the daemon re-deposits into), nobody
+can reach this one again, and it exits rather than pin memory forever; so it does if its
+directory is gone.
 """
 from __future__ import annotations
 
@@ -27,11 +32,14 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import struct
 import sys
 import time
 
 from gpumemctl.protocol import framing  # standard library only
+
+from .paths import file_id, replace_file  # standard library only
 
 POLL_SECONDS = 2.0
 
@@ -46,11 +54,52 @@ def peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
+def bind_listener(path: str) -> tuple[socket.socket, tuple[int, int]]:
+    """A listening socket at `path`, 0700 (only our uid may connect), and its file's
+    (device, inode). The keeper has one thread, so setting the umask around bind races
+    with nothing here (unlike in gpumemd: daemon/paths.py, bind_unix)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old_umask = os.umask(0o077)
+    try:
+        listener.bind(path)
+    except OSError:
+        listener.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    listener.listen(16)
+    return listener, file_id(os.lstat(path))
+
+
+def claim(path: str) -> bool:
+    """Make room for our socket: remove a stale one. False when a live keeper answers
+    there (the daemon, which started us, will use that one): never take its name, or it
+    would exit and free what it holds. A file that is not a socket is refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SystemExit(f"gpumemd-keeper: refusing {path}: it exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    probe.settimeout(1)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)
+        return True
+    except TimeoutError:                 # a live keeper with a full backlog
+        return False
+    finally:
+        probe.close()
+    return False
+
+
 class Keeper:
-    def __init__(self, listener: socket.socket, path: str):
+    def __init__(self, listener: socket.socket, path: str, ident: tuple[int, int]):
         self.listener = listener
         self.path = path
-        self.inode = os.stat(path).st_ino
+        self.ident = ident               # (st_dev, st_ino) of our socket file
         self.kept: dict[str, tuple[list[int], dict]] = {}
         self.sel = selectors.DefaultSelector()
         self.running = True
@@ -114,9 +163,30 @@ class Keeper:
 
     def socket_still_ours(self) -> bool:
         try:
-            return os.stat(self.path).st_ino == self.inode
+            return file_id(os.lstat(self.path)) == self.ident
         except OSError:
             return False
+
+    def keep_socket(self) -> bool:
+        """Whether we can still be reached at our path: a removed socket is bound again;
+        False when another file took the name or the directory is gone."""
+        if self.socket_still_ours():
+            return True
+        if os.path.lexists(self.path):
+            log(f"socket {self.path} was replaced by another file")
+            return False
+        try:
+            listener, ident = bind_listener(self.path)
+        except OSError as exc:             # the directory went, or a new file raced us
+            log(f"socket {self.path} was removed and cannot be bound again: {exc}")
+            return False
+        self.sel.unregister(self.listener)
+        self.listener.close()
+        self.listener, self.ident = listener, ident
+        self.sel.register(self.listener, selectors.EVENT_READ)
+        log(f"socket {self.path} was removed; bound it again, still holding "
+            f"{len(self.kept)} allocations")
+        return True
 
     def run(self) -> None:
         self.sel.register(self.listener, selectors.EVENT_READ)
@@ -129,9 +199,9 @@ class Keeper:
                     self.serve_one(key.data)
             if time.monotonic() - last_check >= POLL_SECONDS:
                 last_check = time.monotonic()
-                if not self.socket_still_ours():
-                    log(f"socket {self.path} is gone; exiting and releasing "
-                        f"{len(self.kept)} allocations")
+                if not self.keep_socket():
+                    log(f"nobody can reach this keeper at {self.path}; exiting and "
+                        f"releasing {len(self.kept)} allocations")
                     break
         for fds, _ in self.kept.values():
             framing.close_fds(fds)
@@ -149,15 +219,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        os.unlink(args.socket)
-    except FileNotFoundError:
-        pass
-    old_umask = os.umask(0o077)
-    listener.bind(args.socket)
-    os.umask(old_umask)
-    listener.listen(16)
+    if not claim(args.socket):
+        log(f"another keeper serves {args.socket}; leaving it to that one")
+        return 0
+    listener, ident = bind_listener(args.socket)
     if args.detach:
         child = os.fork()
         if child:
@@ -168,15 +233,13 @@ def main(argv=None) -> int:
     elif args.pidfile:
         write_pidfile(args.pidfile, os.getpid())
     log(f"holding fds for {args.socket}")
-    Keeper(listener, args.socket).run()
+    Keeper(listener, args.socket, ident).run()
     return 0
 
 
 def write_pidfile(path: str, pid: int) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{pid}\n")
-    os.replace(tmp, path)
+    """Never through a symlink, never into an existing file (paths.replace_file)."""
+    replace_file(path, f"{pid}\n".encode())
 
 
 if __name__ == "__main__":

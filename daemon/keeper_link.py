@@ -21,6 +21,7 @@ from typing import NoReturn
 from gpumemctl.protocol import framing
 
 from . import systemd
+from .paths import open_own
 
 # A keeper answers a call in well under a millisecond. One that takes seconds is stopped
 # (SIGSTOP, a debugger) or starved; the daemon's event loop must not wait on it for long,
@@ -119,7 +120,8 @@ class ProcessKeeper:
             self.sock, self.stalled_since = sock, None
 
     def _spawn(self) -> None:
-        with open(self.logfile, "ab") as log:
+        # Kept between runs; never opened through a symlink (paths.open_own).
+        with os.fdopen(open_own(self.logfile, os.O_WRONLY | os.O_APPEND), "ab") as log:
             proc = subprocess.run(
                 [sys.executable, "-m", "daemon.keeper", "--socket", self.path,
                  "--pidfile", self.pidfile, "--detach"],

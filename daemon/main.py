@@ -17,6 +17,7 @@ import resource
 import signal
 import socket
 import sqlite3
+import stat
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -25,13 +26,14 @@ import trio
 
 from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_state_dir
 
-from . import config, systemd
+from . import config, paths, systemd
 from .backends import BackendUnavailable, choose_backend
 from .keeper_link import KeeperGone, open_keeper
 from .logs import setup_logging
 from .manager import AllocationManager
-from .mount import Mount, MountError
+from .mount import Mount, MountError, check_mount_point
 from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
+from .paths import UnsafePath
 from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
 from .scrub import Scrubber
 from .server import VERSION, Server
@@ -100,9 +102,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def lock_state_dir(state_dir: str) -> int:
-    """One daemon per state directory: an exclusive flock held for the daemon's life."""
-    fd = os.open(os.path.join(state_dir, "gpumemd.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                 0o600)
+    """One daemon per state directory: an exclusive flock held for the daemon's life. The
+    file stays between runs; it is opened only as a regular file, never through a symlink
+    (paths.open_own)."""
+    fd = paths.open_own(os.path.join(state_dir, "gpumemd.lock"), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -117,10 +120,16 @@ def lock_state_dir(state_dir: str) -> int:
 
 
 def claim_socket(path: str) -> None:
-    """Refuse if a live daemon serves `path`; remove a stale socket file left by a crash."""
-    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
-    if not os.path.exists(path):
+    """Refuse if a live daemon serves `path`; remove a stale socket file left by a crash,
+    and nothing else: a file that is not a socket was not left by gpumemd. Its directory
+    was checked first (paths.safe_directory), so what lstat sees stays so."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
         return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StartupError(f"refusing the socket {path}: it exists and is not a socket "
+                           "(gpumemd removes only a stale socket of its own there)")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
@@ -320,7 +329,7 @@ def main(argv=None) -> int:
     except RegistryUnusable as exc:
         print(f"gpumemd: {registry_advice(exc)}", file=sys.stderr)
         return EXIT_REGISTRY
-    except (StartupError, MountError, GpumemError) as exc:
+    except (StartupError, UnsafePath, MountError, GpumemError) as exc:
         print(f"gpumemd: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_CANNOT_START
 
@@ -378,9 +387,14 @@ def quota_bytes(quota: int | float | None, backend) -> int | None:
 
 
 def _main(args) -> int:
-    state_dir = os.path.abspath(args.state_dir or default_state_dir())
+    # Before anything is made in them: root must never act on a name another user controls.
+    state_dir = paths.safe_directory("state directory", args.state_dir or default_state_dir(),
+                                     0o700)
     socket_path = os.path.abspath(args.socket or default_socket())
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    paths.safe_directory("socket directory", os.path.dirname(socket_path))
+    mount_path = os.path.abspath(args.mount) if args.mount else None
+    if mount_path:
+        check_mount_point(mount_path)
     lock_fd = lock_state_dir(state_dir)
     claim_socket(socket_path)
     try:
@@ -416,7 +430,6 @@ def _main(args) -> int:
     log.info("registry loaded: %(adopted)d adopted, %(lost)d lost, %(orphans_freed)d orphans "
              "freed, %(orphans_adopted)d orphans re-registered, %(transients_dropped)d stale "
              "transients dropped", summary)
-    mount_path = os.path.abspath(args.mount) if args.mount else None
     server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path},
                     scrubber=Scrubber(manager, default_rate=args.scrub_rate),

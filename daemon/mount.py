@@ -17,11 +17,13 @@ import subprocess
 import pyfuse3
 import trio
 
+from . import paths
 from .fs import Operations
 from .manager import DAEMON, AllocationManager
 
 log = logging.getLogger("gpumemd")
 SETTLE_SECONDS = 0.05
+WHAT = "mount point"          # in paths.UnsafePath's line
 
 
 class MountError(Exception):
@@ -53,11 +55,27 @@ def _detach(path: str) -> None:
             log.debug("%s: %s", " ".join(command), result.stderr.strip())
 
 
+def check_mount_point(path: str) -> None:
+    """Refuse an unsafe mount point before anything is started (claim_mount_point checks
+    it again before mounting). A mount there, stale or not, is left to claim_mount_point:
+    a dead FUSE mount cannot be looked at."""
+    paths.check_parents(WHAT, path)
+    if path not in _mount_table():
+        paths.check_directory(WHAT, path, missing_ok=True)
+
+
 def claim_mount_point(path: str) -> None:
     """Make `path` ready to mount on: created if missing, a stale gpumemd mount cleaned.
 
+    The directories above it are checked first (paths.check_parents): root's statvfs,
+    umount and mount below follow the name, so nobody else may be able to change it. The
+    mount point itself is checked once a stale mount is gone (a dead FUSE mount cannot be
+    looked at): not a symlink (the mount would land on its target), ours, and writable by
+    nobody else.
+
     A dead mount is found by statvfs, which the kernel never answers from its cache (a
     stat of the root may be served from cached attributes for a while after the crash)."""
+    paths.check_parents(WHAT, path)
     kind = _mount_table().get(path)
     if kind is not None:
         try:
@@ -75,12 +93,7 @@ def claim_mount_point(path: str) -> None:
         else:
             raise MountError(f"{path} is already a mount point ({kind}); unmount it or "
                              "choose another --mount")
-    try:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-    except OSError as exc:
-        raise MountError(f"cannot create mount point {path}: {exc.strerror}") from None
-    if not os.path.isdir(path):
-        raise MountError(f"mount point {path} is not a directory")
+    paths.safe_directory(WHAT, path, 0o755)
 
 
 def mount_options() -> set[str]:

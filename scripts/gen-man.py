@@ -346,8 +346,9 @@ def page_gpumemd() -> str:
                 "back when it starts again. It listens on STATE_DIR/keeper.sock, accepts only "
                 "the daemon's uid, and writes STATE_DIR/keeper.pid and STATE_DIR/keeper.log. If "
                 "it dies while the daemon runs, the daemon starts a new one and deposits "
-                "everything again. Killing the keeper while the daemon is down frees all "
-                "durable memory."),
+                "everything again. If its socket is removed it binds it again and goes on "
+                "holding; if another file takes the name, it exits. Killing the keeper while "
+                "the daemon is down frees all durable memory."),
             section("SYSTEMD"),
             esc("Under systemd ($NOTIFY_SOCKET set) the daemon reports READY=1 once its socket "
                 "serves and STOPPING=1 on the way out (Type=notify), and uses the service "
@@ -381,7 +382,11 @@ def page_gpumemd() -> str:
             tagged(ital("/var/lib/gpumemd/ecc-cache"), esc("Compiled GPU ECC kernels.")),
             section("EXIT STATUS"),
             esc("0 after a clean stop; 1 when it cannot start (another daemon serves the socket "
-                "or state directory, no usable backend, the mount fails, the daemon extra is not "
+                "or state directory; the socket's directory, the state directory or the mount "
+                "point is a symlink, or it or a directory above it is owned or writable by "
+                "another user than root and the daemon's own, a sticky parent such as /tmp "
+                "excepted; a file that is not a socket is at the socket's path; no usable "
+                "backend, the mount fails, the daemon extra is not "
                 "installed: pip install 'gpumemctl[daemon]', the registry cannot be opened); 2 on "
                 "a usage error; 3 when the keeper holds memory that the registry does not list, "
                 "and not as crash residue (the registry is missing, another one, or older than "

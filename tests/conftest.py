@@ -134,7 +134,10 @@ def pytest_collection_modifyitems(config, items):
 def small_state_disk(daemon_factory, request):
     d = daemon_factory(start=False)
     os.makedirs(d.state_dir)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", d.state_dir],
+    # mode=0700: a tmpfs root is 1777 by default, a state directory gpumemd refuses
+    # (docs/security.md, "Paths under directories other users control").
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs",
+                              d.state_dir],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")

@@ -20,6 +20,7 @@ import trio
 
 from gpumemctl.protocol import Busy, GpumemError, ProtocolError, UsageError, framing
 
+from ..paths import bind_unix
 from ..permissions import Credentials, peer_groups
 
 log = logging.getLogger("gpumemd")
@@ -156,9 +157,9 @@ async def listen(socket_path: str,
                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Accept connections on `socket_path` for ever, each handled by its own task. A
     failing accept() (out of fds or memory) waits and goes on: it never ends the loop."""
-    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    await listener.bind(socket_path)
-    os.chmod(socket_path, SOCKET_MODE)
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    bind_unix(raw, socket_path, SOCKET_MODE)      # no chmod by path: paths.bind_unix says why
+    listener = trio.socket.from_stdlib_socket(raw)
     listener.listen(socket.SOMAXCONN)
     backoff, starved_since = BACKOFF_FIRST, None
     async with trio.open_nursery() as nursery:

@@ -177,18 +177,32 @@ def test_second_daemon_on_same_state_dir_or_socket_is_refused(daemon, daemon_fac
 
 
 def test_keeper_socket_removed_under_a_live_daemon(daemon):
-    """Someone removes the keeper's socket (an `rm -rf` of the state directory, say): the
-    keeper exits (nobody could reach it), and the daemon starts a new one and re-deposits,
-    whether the old keeper's exit or the watch fails first. The daemon keeps serving."""
+    """Someone removes the keeper's socket (root's `rm`: the state directory is the
+    daemon's alone, tests/security/test_paths.py): the keeper binds it again and goes on
+    holding every fd; the daemon keeps serving and a restart finds it all. (Before, the
+    keeper exited, freeing what it held, and the daemon re-deposited into a new one: memory
+    lost had the daemon been down.)"""
     data = fill(daemon, SIZES)
     old = daemon.keeper_pid()
-    os.unlink(os.path.join(daemon.state_dir, "keeper.sock"))
-
-    def new_keeper_holding_all():
-        k = daemon.cli_json("status")["keeper"]
-        return k.get("alive") and k["pid"] != old and k["held"] == len(SIZES) and k
-    wait_for(new_keeper_holding_all, 15, what="a new keeper holding every fd")
+    sock = os.path.join(daemon.state_dir, "keeper.sock")
+    os.unlink(sock)
+    wait_for(lambda: os.path.exists(sock), 10, what="the keeper to bind its socket again")
+    k = daemon.cli_json("status")["keeper"]
+    assert k["alive"] and k["pid"] == old and k["held"] == len(SIZES), k
+    assert "bound it again" in open(os.path.join(daemon.state_dir, "keeper.log")).read()
     assert daemon.proc.poll() is None
     daemon.kill9()
+    daemon.start()
+    assert daemon.keeper_pid() == old
+    assert_intact(daemon, data)
+
+
+def test_keeper_socket_removed_while_the_daemon_is_down(daemon):
+    """The same with no daemon to re-deposit: the memory is still there at the next start."""
+    data = fill(daemon, SIZES)
+    daemon.stop()
+    sock = os.path.join(daemon.state_dir, "keeper.sock")
+    os.unlink(sock)
+    wait_for(lambda: os.path.exists(sock), 10, what="the keeper to bind its socket again")
     daemon.start()
     assert_intact(daemon, data)
