@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable
 
 from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory, round_up
@@ -30,9 +31,10 @@ from .ecc.layout import BLOCK
 from .journal import Journal
 from .keeper_link import KeeperGone, KeeperStalled
 from .namespace import DAEMON, Namespace
-from .nodes import Allocation, Directory
+from .nodes import WRITER_KINDS, Allocation, Directory
 from .orphans import POLICIES, OrphansHeld, capacity_of, classify, entry_name, held
 from .parity import Parity
+from .permissions import Credentials
 from .registry import Registry
 
 log = logging.getLogger("gpumemd")
@@ -92,6 +94,8 @@ class Custody:
         damage = self.registry.damage()
         recovered: dict[int, list[int]] = {}
         with self.journal.change(durable=True):
+            interrupted = [r for r in self.registry.load_holders()
+                           if r["kind"] in WRITER_KINDS]
             self.registry.clear_holders()
             if kept or strays:      # no new id may alias a key the keeper holds
                 self.ns.reserve_ids_up_to(max(abs(k) for k in [*kept, *strays]))
@@ -107,12 +111,32 @@ class Custody:
                     summary["orphans_freed"] += 1
             summary["parity_rebuilt_blocks"] = settle(self.ns.allocations(), damage,
                                                       self.deposit)
+            self._note_interrupted_writers(interrupted)
             self.journal.event("start", None, None, backend=self.backend.name, **summary)
         for key in recovered:       # committed under new ids: the old keys may go now
             with contextlib.suppress(KeeperGone):
                 self.keeper.withdraw(key)
         self.adopt_identity(metas)
         return summary
+
+    def _note_interrupted_writers(self, rows) -> None:
+        """A writer (a socket `open rw`, an `attach rw`) still held its allocation when the
+        daemon stopped: its writes landed in memory the keeper kept, but its `close` never
+        came. Record what can be known: the allocation was modified (now), and a `write`
+        event in the writer's name that says its range is unknown."""
+        seen: set[int] = set()
+        for row in rows:
+            alloc = self.ns.node_or_none(row["node"])
+            if not isinstance(alloc, Allocation) or alloc.buffer is None or alloc.id in seen:
+                continue
+            seen.add(alloc.id)
+            now = time.time_ns()
+            self.journal.keep(alloc, "modified_ns", "changed_ns")
+            alloc.modified_ns = alloc.changed_ns = now
+            self.registry.update_node(alloc.id, modified_ns=now, changed_ns=now)
+            writer = Credentials(pid=row["pid"], uid=row["uid"], gid=-1)
+            self.journal.event("write", alloc, writer, reason=(
+                f"{row['kind']} was open when gpumemd stopped; the range written is unknown"))
 
     def _adopt_listed(self, kept: dict[int, list[int]], summary: dict) -> None:
         """Each listed allocation: a transient one is dropped (it never outlives the

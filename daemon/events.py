@@ -63,7 +63,7 @@ SCHEMA: dict[str, dict[str, str]] = {
                 "accessed_ns": "int", "changed_ns": "int"},
     # A client's `close` reports what it wrote: `offset` and `bytes` (gpumemctl.Client), or
     # a list of `ranges`, which is summarised when long.
-    "write": {"offset": "int", "bytes": "int", "ranges": "ranges"},
+    "write": {"offset": "int", "bytes": "int", "ranges": "ranges", **_REASON},
     "seal": _REASON,
     "unsealed": _REASON,
     "release": _REASON,

@@ -17,7 +17,7 @@ import time
 from gpumemctl.protocol import Busy, NotFound
 
 from .journal import Journal
-from .nodes import Allocation, Holder
+from .nodes import WRITER_KINDS, Allocation, Holder
 from .permissions import Credentials, administrative_uid
 from .registry import Registry
 from .sessions import Session
@@ -25,7 +25,6 @@ from .sessions import Session
 # Holders that take part in "one writer or many readers": handles opened for I/O, and clients
 # that mapped the memory (attach). Leases do not lock.
 IO_KINDS = ("read", "write", "attach-r", "attach-w")
-WRITER_KINDS = ("write", "attach-w")
 HANDLE_KINDS = {"r": "read", "rw": "write"}
 ATTACH_KINDS = {"r": "attach-r", "rw": "attach-w"}
 # Files open on the mount. They keep the memory of an unlinked file alive and count in the

@@ -12,6 +12,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 
+# Holders that write the memory through an fd of their own (daemon/holders.py has the rest).
+WRITER_KINDS = ("write", "attach-w")
+
+
 @dataclasses.dataclass(eq=False)
 class Holder:
     """Something keeping an allocation alive: a lease, an open read or write handle."""
