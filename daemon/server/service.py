@@ -116,9 +116,16 @@ class Server:
                                 f"gpumemd speaks version {PROTOCOL_VERSION}")
         client = str(args.get("client", ""))[:CLIENT_NAME_CHARS]
         session = self.manager.open_session(conn.cred, client)
-        await conn.answer(msg.get("id"), {
-            "version": PROTOCOL_VERSION, "daemon": f"gpumemd {VERSION}", "pid": os.getpid(),
-            "backend": self.manager.backend_name, "session": session.id})
+        try:
+            await conn.answer(msg.get("id"), {
+                "version": PROTOCOL_VERSION, "daemon": f"gpumemd {VERSION}",
+                "pid": os.getpid(), "backend": self.manager.backend_name,
+                "session": session.id})
+        except BaseException:
+            # The peer went (a client killed mid-hello, tests/security/test_soak.py) or
+            # the handshake timed out: the caller never sees this session, so end it here.
+            self.manager.close_session(session, parity={})
+            raise
         return session
 
     # ---- one request ------------------------------------------------------------------------

@@ -120,3 +120,27 @@ def test_a_connection_that_never_says_hello_is_let_go(daemon):
     assert s.recv(1) == b""                # closed by the daemon, not by us
     assert 4 < time.monotonic() - start < 12
     s.close()
+
+
+def _hello_and_go(path: str, count: int) -> int:
+    """Say hello and hang up before the answer comes, `count` times (a client killed in
+    its handshake): the daemon opened a session for each and, when the answer failed to
+    send, never ended it."""
+    for _ in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        framing.send_frame(s, {"id": 1, "op": "hello",
+                               "args": {"version": PROTOCOL_VERSION, "client": "gone"}})
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()                     # SO_LINGER 0: a reset, the answer cannot be sent
+    return count
+
+
+def test_a_client_gone_before_its_hello_is_answered_leaves_no_session(daemon):
+    from tests.users import run_as
+    run_as(_hello_and_go, daemon.socket, 300)
+    deadline = time.monotonic() + 5
+    while (sessions := daemon.client().status()["totals"]["sessions"]) > 1 and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sessions == 1                   # only the session asking
