@@ -172,6 +172,7 @@ DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_UID = 256
 DEFAULT_MAX_NAMES_PER_UID = 100_000
 DEFAULT_MAX_HANDLES_PER_UID = 4096
+DEFAULT_FD_STORE_MAX = 4096         # FileDescriptorStoreMax= of systemd/gpumemd.service
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +237,10 @@ KEYS: tuple[Key, ...] = (
         "on the cuda backend, also give descriptors of the memory (open, attach) to callers "
         "with only read permission: trust every such reader to leave the memory unchanged, "
         "for no CUDA handle can be made read-only", _bool),
+    Key("fd_store_max", "integer", str(DEFAULT_FD_STORE_MAX),
+        "under systemd older than 254, the unit's FileDescriptorStoreMax= (newer ones tell "
+        "gpumemd in $FDSTORE, which wins): past it, making memory durable exits 7, as "
+        "systemd would drop the descriptors", _count(1, 1 << 32)),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -264,6 +269,7 @@ class Config:
     admin_group: int | None = None
     default_quota: int | float | None = None
     cuda_fds_to_readers: bool | None = None
+    fd_store_max: int | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -373,5 +379,6 @@ def apply(args, config: Config) -> None:
                                     or DEFAULT_MAX_CONNECTIONS_PER_UID)
     args.max_names_per_uid = config.max_names_per_uid or DEFAULT_MAX_NAMES_PER_UID
     args.max_handles_per_uid = config.max_handles_per_uid or DEFAULT_MAX_HANDLES_PER_UID
+    args.fd_store_max = config.fd_store_max or DEFAULT_FD_STORE_MAX
     args.config_path = config.path
 

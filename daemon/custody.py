@@ -29,7 +29,7 @@ from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory, roun
 from .backends import Backend
 from .ecc.layout import BLOCK
 from .journal import Journal
-from .keeper_link import KeeperGone, KeeperStalled
+from .keeper_link import FdStoreFull, KeeperGone, KeeperStalled
 from .namespace import DAEMON, Namespace
 from .nodes import WRITER_KINDS, Allocation, Directory
 from .orphans import POLICIES, OrphansHeld, capacity_of, classify, entry_name, held
@@ -208,7 +208,7 @@ class Custody:
         call_begin): None when done, else what waits for the rest, for a worker thread."""
         try:
             rest = self.keeper.deposit_begin(deposit.key, deposit.fds, deposit.meta)
-        except KeeperGone as exc:
+        except (KeeperGone, FdStoreFull) as exc:
             raise self._refused(deposit, exc) from None
         finally:
             for fd in deposit.fds:      # sent (or failed): the keeper has its own copies
@@ -224,9 +224,11 @@ class Custody:
         return wait
 
     @staticmethod
-    def _refused(deposit: Deposit, exc: KeeperGone) -> Exception:
+    def _refused(deposit: Deposit, exc: KeeperGone | FdStoreFull) -> Exception:
         if isinstance(exc, KeeperStalled):   # busy, not broken: it works once it answers
             return Busy(f"cannot {deposit.what} now: {exc}")
+        if isinstance(exc, FdStoreFull):     # a limit, as a quota is: exit 7 (ENOSPC)
+            return NoMemory(f"cannot {deposit.what}: {exc}", details={"errno": "ENOSPC"})
         return InternalError(f"cannot {deposit.what}: {exc}")
 
     def send(self, deposit: Deposit) -> None:
@@ -235,7 +237,7 @@ class Custody:
         answers), a gone one an internal error."""
         try:
             self.keeper.deposit(deposit.key, deposit.fds, deposit.meta)
-        except KeeperGone as exc:
+        except (KeeperGone, FdStoreFull) as exc:
             raise self._refused(deposit, exc) from None
         finally:
             for fd in deposit.fds:

@@ -45,7 +45,14 @@ import stat
 import pyfuse3
 import trio
 
-from gpumemctl.protocol import Exists, GpumemError, NotFound, UsageError
+from gpumemctl.protocol import (
+    Exists,
+    GpumemError,
+    NotFound,
+    UsageError,
+    name_bytes,
+    name_from_bytes,
+)
 
 from . import offload, xattrs
 from .describe import describe
@@ -118,10 +125,10 @@ def without_setid(node: Node, cred: Credentials) -> int:
 
 
 def decode_name(raw: bytes) -> str:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise UsageError(f"invalid name {raw!r}: names are UTF-8") from None
+    """A name from the kernel, spelled as the socket API spells it: any bytes but NUL and
+    `/` (the kernel lets neither through), so one that is not UTF-8 too, with
+    surrogateescape (gpumemctl/protocol/names.py)."""
+    return name_from_bytes(raw)
 
 
 def handler(method):
@@ -290,7 +297,7 @@ class Operations(pyfuse3.Operations):
     def entry_changed(self, parent_id: int, name: str) -> None:
         if self.mounted and not self._own_request and \
                 (parent_id == ROOT_ID or parent_id in self._known):
-            self._stale.append((parent_id, name.encode()))
+            self._stale.append((parent_id, name_bytes(name)))
 
     def attrs_changed(self, node_id: int) -> None:
         if self.mounted and not self._own_request and node_id in self._known:
@@ -564,7 +571,7 @@ class Operations(pyfuse3.Operations):
             if not dot and self.m.node_or_none(node.id) is not node:
                 continue                       # removed since opendir
             attrs = self._meta_attrs(node) if meta else self._attrs(node)
-            if not pyfuse3.readdir_reply(token, name.encode(), attrs, index + 1):
+            if not pyfuse3.readdir_reply(token, name_bytes(name), attrs, index + 1):
                 break
             if not meta and not dot:           # the kernel counts no lookup for dots
                 self._remember(node)

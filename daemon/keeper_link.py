@@ -36,10 +36,20 @@ QUEUE_WAIT = 0.25
 # How long the loop waits for the answer to a call it may hand to a worker (call_begin):
 # far above a keeper's normal answer time, far below what a client notices.
 QUICK_WAIT = 0.02
+# FileDescriptorStoreMax= of the unit gpumemd ships (systemd/gpumemd.service): the size of
+# systemd's fd store assumed where systemd does not say it ($FDSTORE) and the configuration
+# has no `fd_store_max` (daemon/config.py has the same default).
+DEFAULT_FD_STORE_MAX = 4096
 
 
 class KeeperGone(Exception):
     """The keeper died or cannot be reached."""
+
+
+class FdStoreFull(Exception):
+    """systemd's fd store has no room for a deposit: systemd would close the fds past
+    FileDescriptorStoreMax= without a word, and the memory would not survive a restart.
+    Nothing was sent."""
 
 
 class KeeperStalled(KeeperGone):
@@ -289,12 +299,18 @@ class ProcessKeeper:
 
 class SystemdFdStore:
     """systemd's fd store (FileDescriptorStoreMax= in the unit). The service manager keeps
-    the fds across restarts of gpumemd and passes them back with LISTEN_FDS."""
+    the fds across restarts of gpumemd and passes them back with LISTEN_FDS.
+
+    systemd closes an fd sent past FileDescriptorStoreMax= and says nothing to the service
+    (it only logs), so the store counts what it holds and refuses a deposit that would pass
+    `limit` (FdStoreFull) before sending anything. `limit` is $FDSTORE where systemd sets it
+    (254 and later), else the `fd_store_max` configuration key (docs/operations.md)."""
     kind = "systemd"
     stalled = False            # notifications are datagrams: nothing to wait for
 
-    def __init__(self):
+    def __init__(self, limit: int, limit_from: str = "the configuration's fd_store_max"):
         self.held: dict[int, int] = {}   # key -> number of fds stored
+        self.limit, self.limit_from = limit, limit_from
         self._passed: dict[str, list[int]] = systemd.listen_fds()
 
     @staticmethod
@@ -305,6 +321,7 @@ class SystemdFdStore:
         return False
 
     def deposit(self, key: int, fds: list[int], meta: dict) -> None:
+        self.require_room(key, len(fds))
         self.withdraw(key)
         for i, fd in enumerate(fds):
             systemd.notify(f"FDSTORE=1\nFDNAME={self._name(key, i)}", [fd])
@@ -313,6 +330,19 @@ class SystemdFdStore:
     def deposit_begin(self, key: int, fds: list[int], meta: dict) -> None:
         """As ProcessKeeper's: the fd store answers nothing, so it is done at once."""
         self.deposit(key, fds, meta)
+
+    def require_room(self, key: int, count: int) -> None:
+        """FdStoreFull unless `count` fds under `key` (replacing what it holds) fit."""
+        stored = sum(self.held.values())
+        if stored - self.held.get(key, 0) + count <= self.limit:
+            return
+        raise FdStoreFull(
+            f"systemd's fd store is full: it holds {stored} descriptors of durable memory, "
+            f"and {count} more would pass FileDescriptorStoreMax={self.limit} (as "
+            f"{self.limit_from} says), past which systemd drops them. Durable memory takes 2 "
+            "descriptors an allocation (1 with --ecc none); raise FileDescriptorStoreMax= "
+            "with `systemctl edit gpumemd` (and fd_store_max in gpumemd.toml where systemd "
+            "is older than 254), or make allocations transient")
 
     def withdraw(self, key: int) -> None:
         for i in range(self.held.pop(key, 0)):
@@ -343,7 +373,8 @@ class SystemdFdStore:
 
     def info(self) -> dict:
         return {"kind": self.kind, "alive": True, "pid": None, "held": len(self.held),
-                "fds": sum(self.held.values()), "socket": systemd.notify_socket()}
+                "fds": sum(self.held.values()), "max_fds": self.limit,
+                "socket": systemd.notify_socket()}
 
     def watch_socket(self):
         return None
@@ -355,7 +386,13 @@ class SystemdFdStore:
         pass
 
 
-def open_keeper(state_dir: str):
+def open_keeper(state_dir: str, fd_store_max: int = DEFAULT_FD_STORE_MAX):
+    """systemd's fd store under systemd, else the keeper process. `fd_store_max`: the
+    configuration's word for the store's size, used where systemd does not say ($FDSTORE)."""
     if systemd.notify_socket():
-        return SystemdFdStore()
+        told = systemd.fd_store_max()
+        if told is not None:
+            return SystemdFdStore(told, "systemd's $FDSTORE")
+        return SystemdFdStore(fd_store_max, "the configuration's fd_store_max: systemd "
+                              "before 254 does not set $FDSTORE")
     return ProcessKeeper(state_dir)

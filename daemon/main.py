@@ -405,7 +405,7 @@ def _main(args) -> int:
     orphans = args.orphans or "refuse"
     registry = open_registry(os.path.join(state_dir, "registry.sqlite"), orphans,
                              args.event_log_size)
-    keeper = open_keeper(state_dir)
+    keeper = open_keeper(state_dir, args.fd_store_max)
     backend.ecc_cache_dir = os.path.join(state_dir, "ecc-cache")   # compiled GPU kernels
     manager = AllocationManager(registry, backend, keeper,
                                 fault_injection=args.enable_fault_injection,

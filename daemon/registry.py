@@ -17,6 +17,12 @@ daemon/main.py runs the checkpoints on a worker thread); the event log keeps at 
 `max_events` rows (MAX_EVENTS) and `max_event_bytes` bytes of detail and path text
 (MAX_EVENT_BYTES), the oldest going first.
 
+Names and paths (nodes.name, events.path) are bytes on Linux and may be anything but NUL
+and `/` (gpumemctl/protocol/names.py), while SQLite TEXT is UTF-8, which a name decoded with
+surrogateescape is not. So a name is stored as TEXT when it is valid UTF-8 (every name an
+older gpumemd stored) and as a BLOB of its bytes when it is not: each name has exactly one
+stored form, so UNIQUE (parent, name) still means what it says (stored_name, loaded_name).
+
 A registry that SQLite cannot read (not a database, a damaged page) raises RegistryUnusable
 with `corrupt` set, as does one from a newer gpumemd (without it); gpumemd turns either into
 one line (daemon/main.py).
@@ -31,7 +37,9 @@ import time
 from collections.abc import Callable
 from urllib.parse import quote
 
-SCHEMA_VERSION = 6
+from gpumemctl.protocol import name_bytes, name_from_bytes
+
+SCHEMA_VERSION = 7
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
@@ -77,7 +85,9 @@ def create_tables(db: sqlite3.Connection) -> None:
         -- filesystem, so a rename moves one row and the id doubles as the inode number.
         id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: keeper keys use it
         parent      INTEGER REFERENCES nodes(id),       -- NULL only for the root (id 1)
-        name        TEXT NOT NULL,   -- one path component; '' for the root
+        -- One path component, '' for the root: TEXT when its bytes are UTF-8, else a
+        -- BLOB of them (stored_name()).
+        name        TEXT NOT NULL,
         kind        TEXT NOT NULL CHECK (kind IN ('dir', 'alloc')),
         uid         INTEGER NOT NULL,  -- owner
         gid         INTEGER NOT NULL,  -- group
@@ -125,7 +135,8 @@ def create_tables(db: sqlite3.Connection) -> None:
         time_ns  INTEGER NOT NULL,
         kind     TEXT NOT NULL,    -- 'create', 'remove', 'durable', 'lost', 'adopt', ...
         node     INTEGER,          -- nodes.id, NULL for daemon-wide events
-        path     TEXT,             -- path at the time of the event
+        path     TEXT,             -- path at the time of the event (as nodes.name: TEXT
+                                   -- when UTF-8, else a BLOB)
         uid      INTEGER,          -- who caused it; NULL for the daemon itself
         pid      INTEGER,
         detail   TEXT NOT NULL     -- JSON object with kind-specific fields
@@ -206,8 +217,31 @@ def add_events_uid_index(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS events_uid ON events (uid, id)")
 
 
+def allow_blob_names(db: sqlite3.Connection) -> None:
+    """6 -> 7: names and event paths that are not UTF-8 are stored as BLOBs (the module
+    docstring). Nothing to convert: every name stored so far is UTF-8 TEXT, which is still
+    its form. The new version is what counts: a gpumemd of schema 6 would read such a BLOB
+    as bytes where it expects a name, so it must refuse this registry (migrate())."""
+    del db
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
-              4: drop_unused_columns, 5: add_events_uid_index}
+              4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names}
+
+
+def stored_name(name: str) -> str | bytes:
+    """A name or path as the registry stores it: TEXT when its bytes are UTF-8, else a BLOB
+    of its bytes (a str holding surrogateescape's lone surrogates cannot be SQLite TEXT)."""
+    raw = name_bytes(name)
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return raw
+
+
+def loaded_name(value: str | bytes) -> str:
+    """What stored_name() stored, as the daemon spells names (surrogateescape)."""
+    return name_from_bytes(value) if isinstance(value, bytes) else value
 
 
 class Registry:
@@ -397,10 +431,13 @@ class Registry:
             os.close(fd)
 
     # ---- nodes ------------------------------------------------------------------------
-    def load_nodes(self) -> list[sqlite3.Row]:
-        return self.db.execute("SELECT * FROM nodes ORDER BY id").fetchall()
+    def load_nodes(self) -> list[dict]:
+        rows = self.db.execute("SELECT * FROM nodes ORDER BY id").fetchall()
+        return [{**row, "name": loaded_name(row["name"])} for row in map(dict, rows)]
 
     def insert_node(self, **fields) -> int:
+        if "name" in fields:
+            fields["name"] = stored_name(fields["name"])
         cols = ", ".join(fields)
         marks = ", ".join("?" for _ in fields)
         cur = self.db.execute(f"INSERT INTO nodes ({cols}) VALUES ({marks})",
@@ -408,6 +445,8 @@ class Registry:
         return inserted_id(cur)
 
     def update_node(self, node_id: int, **fields) -> None:
+        if "name" in fields:
+            fields["name"] = stored_name(fields["name"])
         sets = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE nodes SET {sets} WHERE id = ?", (*fields.values(), node_id))
 
@@ -490,20 +529,23 @@ class Registry:
                   pid: int | None, detail: dict, time_ns: int) -> int:
         """Append an event (its detail bounded by the caller: daemon/events.py) and prune
         the oldest past MAX_EVENTS rows or max_event_bytes bytes."""
+        # ensure_ascii (the default) writes a lone surrogate as "\udcff": details that
+        # quote a name that is not UTF-8 stay valid TEXT and load back the same.
         text = json.dumps(detail, sort_keys=True)
         cur = self.db.execute(
             "INSERT INTO events (time_ns, kind, node, path, uid, pid, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)", (time_ns, kind, node, path, uid, pid, text))
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (time_ns, kind, node, None if path is None else stored_name(path), uid, pid, text))
         newest = inserted_id(cur)
+        added = len(text) + (len(name_bytes(path)) if path else 0)   # as EVENT_BYTES_SQL
         if self._event_bytes is not None:
-            self._event_bytes += len(text) + (len(path.encode(errors="replace")) if path else 0)
+            self._event_bytes += added
         if newest % self._prune_every == 0:
             self._delete_events_through(newest - self.max_events)
         if self._event_bytes is None or self._event_bytes > self.max_event_bytes:
             self._prune_event_bytes(newest)
         if uid is not None and uid != 0 and uid != os.geteuid():
-            self._prune_user_share(uid, newest, len(text) + (len(path.encode(
-                errors="replace")) if path else 0))
+            self._prune_user_share(uid, newest, added)
         return newest
 
     def _prune_user_share(self, uid: int, newest: int, added: int) -> None:
@@ -584,14 +626,17 @@ class Registry:
         however large the log (docs/protocol.md, "Limits"). Also says whether the page is
         complete: False when older events were left out for want of bytes."""
         where = "id > ?"
-        args: list[int | str] = [since]
+        args: list[int | bytes] = [since]
         if uid is not None:
             where += " AND (uid = ? OR node IS NULL)"
             args.append(uid)
         if path:
-            prefix = path + "/"
-            where += " AND (path = ? OR substr(path, 1, ?) = ?)"
-            args += [path, len(prefix), prefix]
+            # Compared as bytes: a path is TEXT or a BLOB (stored_name), and SQLite never
+            # finds a TEXT equal to a BLOB; CAST gives a TEXT's UTF-8 bytes.
+            whole, prefix = name_bytes(path), name_bytes(path + "/")
+            where += (" AND (CAST(path AS BLOB) = ?"
+                      " OR substr(CAST(path AS BLOB), 1, ?) = ?)")
+            args += [whole, len(prefix), prefix]
         cur = self.db.execute(
             f"SELECT *, {EVENT_BYTES_SQL} AS bytes FROM events WHERE {where}"
             " ORDER BY id DESC LIMIT ?", (*args, limit))
@@ -688,5 +733,7 @@ def inserted_id(cur: sqlite3.Cursor) -> int:
 
 def event_row_to_dict(row) -> dict:
     return {"id": row["id"], "time_ns": row["time_ns"], "kind": row["kind"],
-            "node": row["node"], "path": row["path"], "uid": row["uid"], "pid": row["pid"],
+            "node": row["node"],
+            "path": None if row["path"] is None else loaded_name(row["path"]),
+            "uid": row["uid"], "pid": row["pid"],
             "detail": json.loads(row["detail"])}

@@ -2,6 +2,9 @@
 
 - sd_notify: READY=1, STOPPING=1, STATUS=..., and FDSTORE=1 / FDSTOREREMOVE=1 with FDNAME=,
   over the datagram socket named by $NOTIFY_SOCKET (an '@' prefix is an abstract socket).
+- $FDSTORE: the unit's FileDescriptorStoreMax=, set by systemd 254 and later when it is
+  above 0 (systemd.exec(5)). Past it systemd closes what it is sent and tells the service
+  nothing, so gpumemd counts (daemon/keeper_link.py, SystemdFdStore).
 - Socket-activation style fd hand-back at start: $LISTEN_PID, $LISTEN_FDS, $LISTEN_FDNAMES,
   fds numbered from 3. systemd passes the fd store's contents this way after a restart.
 """
@@ -30,6 +33,13 @@ def notify(state: str, fds: Sequence[int] = ()) -> bool:
         sock.connect(address)
         sock.sendmsg([state.encode()], ancillary(list(fds)))
     return True
+
+
+def fd_store_max() -> int | None:
+    """FileDescriptorStoreMax= as systemd told it ($FDSTORE); None where it did not
+    (systemd before 254, or a unit without an fd store)."""
+    value = os.environ.get("FDSTORE", "")
+    return int(value) if value.isdigit() else None
 
 
 def listen_fds() -> dict[str, list[int]]:

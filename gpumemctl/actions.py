@@ -216,8 +216,10 @@ def status(json_: bool = False):
     d, k, t = s["daemon"], s["keeper"], s["totals"]
     output.data(f"daemon:   gpumemd {d['version']} pid {d['pid']}, backend {d['backend']}, "
                 f"up {d['uptime_s']:.0f}s, socket {d['socket']}")
+    # max_fds: systemd's fd store only (FileDescriptorStoreMax=, docs/operations.md)
+    of_max = f" of {plain(k['max_fds'])}" if k.get("max_fds") is not None else ""
     keeper = f"pid {plain(k.get('pid'))}, holding {plain(k.get('held'))} allocations " \
-             f"({plain(k.get('fds'))} fds)" if k.get("alive") else \
+             f"({plain(k.get('fds'))}{of_max} fds)" if k.get("alive") else \
              f"NOT RUNNING ({k.get('error') or 'no reason given'})"
     output.data(f"keeper:   {k['kind']} {keeper}")
     for dev in s["devices"]:

@@ -309,7 +309,9 @@ def _verify_line(r: dict) -> str:
     if r["corrected"]:
         parts.append(f"{r['corrected']} repaired ({r['symbols']} symbols)")
     if r["damaged"]:
-        parts.append(f"{len(r['damaged'])} damaged (not repaired: use --repair)")
+        why = "repair not permitted: not yours" if r.get("repair") == "not permitted" \
+            else "use --repair"
+        parts.append(f"{len(r['damaged'])} damaged (not repaired: {why})")
     if r["uncorrectable"]:
         parts.append(f"{r['uncorrectable']} UNCORRECTABLE")
     if r["skipped"]:

@@ -454,6 +454,7 @@ CONF_EXAMPLE = [
     "admin_group = 27                 # a gid or a group name: scrub control, recover",
     'default_quota = "25%"            # every uid [quotas] does not name; root excepted',
     "cuda_fds_to_readers = false      # true: readers get fds too (and could write)",
+    "fd_store_max = 4096              # systemd < 254: the unit's FileDescriptorStoreMax=",
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",
     '1000 = "16G"                     # a uid, written as a key',

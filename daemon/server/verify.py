@@ -12,39 +12,65 @@ from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
 
 from ..ecc.layout import BLOCK
 from ..nodes import Allocation
-from .call import Call, ProgressSend, Reply, privileged, require_administrator
+from .call import (
+    Call,
+    ProgressSend,
+    Reply,
+    administrator,
+    privileged,
+    require_administrator,
+)
 
 PROGRESS_SECONDS = 0.1      # at most one progress frame per this (plus the first)
 
 
+NOT_PERMITTED = "not permitted"   # a result's "repair" where the caller may not repair it
+
+
 async def verify(call: Call) -> Reply:
     """Verify (with `repair`, repair) the named allocations or all: synchronous for the
-    client, piece by piece for the daemon (the event loop runs between pieces)."""
+    client, piece by piece for the daemon (the event loop runs between pieces).
+
+    A repair writes the allocation (back to what its parity says), so `repair` repairs only
+    what the caller may repair (may_repair); the others are verified as without it, and
+    their result says `"repair": "not permitted"` (damage left in them: exit 8)."""
     a = call.args
     targets = call.manager.ecc_targets(a["paths"], call.session.cred, a["all"])
-    results = await verify_all(call, targets, a["repair"])
+    repairs = [a["repair"] and may_repair(call, t) for t in targets]
+    results = await verify_all(call, targets, repairs)
+    for result, repaired in zip(results, repairs, strict=True):
+        if a["repair"] and not repaired:
+            result["repair"] = NOT_PERMITTED
     return {"allocations": results, "summary": ecc_summary(results)}, []
+
+
+def may_repair(call: Call, alloc: Allocation) -> bool:
+    """The owner, or the administrator (as for `recover`): verify needs only read
+    permission, and a reader must not write someone else's allocation by repairing it."""
+    return alloc.uid == call.session.cred.uid or administrator(call)
 
 
 async def recover(call: Call) -> Reply:
     alloc = call.manager.lookup_allocation(call.args["path"], call.session.cred)
     if alloc.uid != call.session.cred.uid:
         require_administrator(call, f"recover '{alloc.path}', which uid {alloc.uid} owns")
-    [result] = await verify_all(call, [alloc], True)
+    [result] = await verify_all(call, [alloc], [True])
     return {"allocation": result, "info": call.manager.info(alloc.path, call.session.cred)}, []
 
 
-async def verify_all(call: Call, targets: list[Allocation], repair: bool) -> list[dict]:
+async def verify_all(call: Call, targets: list[Allocation],
+                     repairs: list[bool]) -> list[dict]:
+    """Verify each target, repairing those whose entry in `repairs` is true."""
     steps = call.manager.verify_steps
     if call.progress is None:
-        return [await drive(steps(t, repair)) for t in targets]
+        return [await drive(steps(t, repair)) for t, repair in zip(targets, repairs, strict=True)]
     meter = EccProgress([call.manager.protected_bytes(t) for t in targets], targets,
                         call.progress)
     await meter.report(force=True)
     results = []
     for i, target in enumerate(targets):
         meter.begin(i)
-        results.append(await drive(steps(target, repair), meter.piece))
+        results.append(await drive(steps(target, repairs[i]), meter.piece))
         meter.end()
     return results
 

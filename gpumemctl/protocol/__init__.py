@@ -20,13 +20,13 @@ from .errors import (
     UsageError,
     error_from_wire,
 )
-from .names import check_component, normalize, split_path
+from .names import check_component, name_bytes, name_from_bytes, normalize, split_path
 from .sizes import format_size, parse_size, round_up
 
 __all__ = [
     "ERROR_TABLE", "PROTOCOL_VERSION", "SOCKET_ENV", "Busy", "Exists", "GpumemError",
     "InternalError", "InvalidState", "NoMemory", "NotFound", "NotRunning", "PermissionDenied",
     "ProtocolError", "Uncorrectable", "UsageError", "check_component", "default_socket",
-    "default_state_dir", "error_from_wire", "format_size", "normalize", "parse_size",
-    "round_up", "split_path",
+    "default_state_dir", "error_from_wire", "format_size", "name_bytes", "name_from_bytes",
+    "normalize", "parse_size", "round_up", "split_path",
 ]

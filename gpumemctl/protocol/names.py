@@ -4,15 +4,39 @@ Rules (docs/design.md, "Names and permissions"): components of 1-255 bytes, no N
 component, not `.` or `..`, at most 4096 bytes in all. One leading `/` is accepted and dropped,
 so `/models/a` and `models/a` name the same thing. Names are bytes on Linux; on the wire they
 travel as str with surrogateescape (os.fsdecode), so any byte except NUL and `/` is allowed.
+
+One spelling per name: a component is the str its bytes decode to (UTF-8, surrogateescape),
+so "\udcc3\udca9" (the bytes of "é", escaped by a client) is taken as "é", and a str
+holding a surrogate that stands for no byte ("\ud800", which JSON can carry) is refused.
+`name_bytes` and `name_from_bytes` are the two directions (the registry and the mount use
+them).
 """
 from __future__ import annotations
-
-import os
 
 from .errors import UsageError
 
 MAX_COMPONENT_BYTES = 255
 MAX_PATH_BYTES = 4096
+ENCODING = ("utf-8", "surrogateescape")
+
+
+def name_bytes(name: str) -> bytes:
+    """The bytes a (valid) name stands for."""
+    return name.encode(*ENCODING)
+
+
+def name_from_bytes(raw: bytes) -> str:
+    """The one str spelling of a name's bytes."""
+    return raw.decode(*ENCODING)
+
+
+def _canonical(path: str) -> str:
+    try:
+        return name_from_bytes(name_bytes(path))
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"invalid name {path!a}: holds {path[exc.start]!a}, a "
+                         "surrogate that stands for no byte (only U+DC80-U+DCFF, "
+                         "surrogateescape, may carry a byte that is not UTF-8)") from None
 
 
 def _show(name: str) -> str:
@@ -21,16 +45,17 @@ def _show(name: str) -> str:
     as it does the daemon's other messages, which quote names the same way."""
     if len(name) <= 78:
         return f"'{name}'"
-    return f"'{name[:59]}...' ({len(os.fsencode(name))} bytes)"
+    return f"'{name[:59]}...' ({len(name_bytes(name))} bytes)"
 
 
 def split_path(path: str, *, allow_root: bool = False) -> list[str]:
     """Validate `path` and return its components. The root is "" (or "/") when allowed."""
     if not isinstance(path, str):
         raise UsageError(f"name must be a string, not {type(path).__name__}")
+    path = _canonical(path)
     if "\0" in path:
         raise UsageError(f"invalid name {_show(path)}: contains a NUL byte")
-    raw = os.fsencode(path)
+    raw = name_bytes(path)
     if len(raw) > MAX_PATH_BYTES:
         raise UsageError(f"invalid name {_show(path)}: {len(raw)} bytes, at most "
                          f"{MAX_PATH_BYTES} allowed")
@@ -47,6 +72,7 @@ def split_path(path: str, *, allow_root: bool = False) -> list[str]:
 
 def check_component(part: str, *, whole: str | None = None) -> str:
     """Validate one path component (a file or directory name)."""
+    part = _canonical(part)
     where = f"invalid name {_show(whole if whole is not None else part)}"
     if part == "":
         raise UsageError(f"{where}: empty component (a doubled or trailing '/')")
@@ -54,7 +80,7 @@ def check_component(part: str, *, whole: str | None = None) -> str:
         raise UsageError(f"{where}: '{part}' is not allowed as a component")
     if "/" in part or "\0" in part:
         raise UsageError(f"{where}: a component may not contain '/' or NUL")
-    size = len(os.fsencode(part))
+    size = len(name_bytes(part))
     if size > MAX_COMPONENT_BYTES:
         raise UsageError(f"{where}: component of {size} bytes, at most "
                          f"{MAX_COMPONENT_BYTES} allowed", details={"errno": "ENAMETOOLONG"})

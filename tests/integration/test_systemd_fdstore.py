@@ -306,3 +306,69 @@ def test_orphan_in_fd_store_is_removed_at_start(systemd_daemon):
         assert c.check()["clean"] is True
     _stop(d, manager, stops_before=1)
     _assert_no_keeper(d)
+
+
+NO_MEMORY = 7
+
+
+def test_deposits_past_fd_store_max_are_refused(systemd_daemon):
+    """systemd closes an fd sent past FileDescriptorStoreMax= and tells the service nothing:
+    durable memory would silently not survive a restart. gpumemd counts what the store
+    holds and refuses, before sending anything, what would not fit (exit 7). The limit is
+    $FDSTORE, which systemd 254+ sets to the unit's FileDescriptorStoreMax=."""
+    d, manager = systemd_daemon
+    d.extra_env["FDSTORE"] = "3"
+    d.start()
+    manager.wait_field("READY", "1")
+    with d.client() as c:
+        c.create("one", 4096, durable=True, ecc="none")        # 1 fd
+        c.create("two", 4096, durable=True, ecc="rs")          # 2 fds: data and parity
+        manager.wait_field("FDSTORE", "1", count=3)
+        c.create("t", 4096, ecc="none")
+        assert c.status()["keeper"]["max_fds"] == 3
+    full = d.cli("create", "three", "--size", "4K", "--durable", "--ecc", "none")
+    assert full.returncode == NO_MEMORY, full
+    message = full.stderr.decode()
+    for words in ("FileDescriptorStoreMax=3", "$FDSTORE", "holds 3", "systemctl edit"):
+        assert words in message, message
+    refused = d.cli("durable", "t")
+    assert refused.returncode == NO_MEMORY and "FileDescriptorStoreMax=3" in \
+        refused.stderr.decode(), refused
+    assert len(manager.with_field("FDSTORE", "1")) == 3           # nothing more was sent
+    assert len(manager.stored()) == 3
+    with d.client() as c:
+        entries = {e["path"]: e for e in c.ls("")}
+        assert set(entries) == {"one", "two", "t"} and entries["t"]["durable"] is False
+        assert c.check()["clean"] is True
+        c.remove("one")                                          # frees one descriptor
+        c.set_durable("t", True)
+        assert len(manager.stored()) == 3
+        assert c.check()["clean"] is True
+    _stop(d, manager)
+
+
+def test_fd_store_max_from_the_configuration_counts_what_systemd_passed_back(
+        systemd_daemon, tmp_path):
+    """systemd before 254 does not set $FDSTORE: the configuration's fd_store_max stands in
+    for the unit's FileDescriptorStoreMax=. After a restart the fds systemd hands back count."""
+    d, manager = systemd_daemon
+    conf = tmp_path / "gpumemd.toml"
+    conf.write_text("fd_store_max = 2\n")
+    d.extra_args += ["--config", str(conf)]
+    d.extra_env.pop("FDSTORE", None)
+    d.start()
+    manager.wait_field("READY", "1")
+    with d.client() as c:
+        c.create("a", 4096, durable=True, ecc="none")
+        c.create("b", 4096, durable=True, ecc="none")
+    _stop(d, manager)
+    start_with_fds(d, manager.stored())
+    manager.wait_field("READY", "1", count=2)
+    full = d.cli("create", "c", "--size", "4K", "--durable", "--ecc", "none")
+    assert full.returncode == NO_MEMORY, full
+    assert "FileDescriptorStoreMax=2" in full.stderr.decode()
+    assert "fd_store_max" in full.stderr.decode()
+    with d.client() as c:
+        assert {e["path"] for e in c.ls("")} == {"a", "b"}
+        assert c.check()["clean"] is True
+    _stop(d, manager, stops_before=1)
