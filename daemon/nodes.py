@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-
 # Holders that write the memory through an fd of their own (daemon/holders.py has the rest).
 WRITER_KINDS = ("write", "attach-w")
 

@@ -10,7 +10,6 @@ counts through a pipe as JSON. Standard library and the client library only.
 from __future__ import annotations
 
 import errno
-import typing  # noqa: F401 - the client imports it lazily; nothing may be imported after the drop
 import json
 import mmap  # noqa: F401 - Client.open maps memory; nothing may be imported after the drop
 import os
@@ -18,6 +17,7 @@ import random
 import signal
 import socket
 import time
+import typing  # noqa: F401 - the client imports it lazily; nothing may be imported after the drop
 
 from gpumemctl import Client
 from gpumemctl.protocol import GpumemError, NotRunning
