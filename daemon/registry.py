@@ -560,14 +560,7 @@ class Registry:
             held += added
         excess = held - int(share * EVENT_PRUNE_TO)
         if held > share and excess > 0:
-            freed, cut = 0, None
-            cur = self.db.execute(f"SELECT id, {EVENT_BYTES_SQL} FROM events"
-                                  " WHERE uid = ? AND id < ? ORDER BY id", (uid, newest))
-            for row_id, size in cur:
-                freed, cut = freed + size, row_id
-                if freed >= excess:
-                    break
-            cur.close()
+            cut, freed = self._oldest_to_free("uid = ? AND id < ?", (uid, newest), excess)
             if cut is not None:
                 self.db.execute("DELETE FROM events WHERE uid = ? AND id <= ?", (uid, cut))
                 held -= freed
@@ -597,16 +590,22 @@ class Registry:
         excess = total - int(self.max_event_bytes * EVENT_PRUNE_TO)
         if total <= self.max_event_bytes or excess <= 0:
             return
+        cut, _ = self._oldest_to_free("id < ?", (newest,), excess)
+        if cut is not None:
+            self._delete_events_through(cut)
+
+    def _oldest_to_free(self, where: str, args: tuple, excess: int) -> tuple[int | None, int]:
+        """The id through which the oldest events matching `where` add up to `excess` bytes
+        (or all of them), and the bytes they hold; (None, 0) when none match."""
         freed, cut = 0, None
-        cur = self.db.execute(f"SELECT id, {EVENT_BYTES_SQL} FROM events WHERE id < ?"
-                              " ORDER BY id", (newest,))
+        cur = self.db.execute(f"SELECT id, {EVENT_BYTES_SQL} FROM events WHERE {where}"
+                              " ORDER BY id", args)
         for row_id, size in cur:
             freed, cut = freed + size, row_id
             if freed >= excess:
                 break
         cur.close()
-        if cut is not None:
-            self._delete_events_through(cut)
+        return cut, freed
 
     def last_event_id(self) -> int:
         """The id of the newest event (0 when the log is empty)."""

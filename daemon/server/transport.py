@@ -74,11 +74,8 @@ class ConnectionLimits:
         self.open: dict[int, int] = {}
         self.count = 0
         self.refusing = 0
-        self.refused = 0                # since the last log line about it
-        self._logged = 0.0
+        self._refusals, self._cuts = MinuteWarning(), MinuteWarning()
         self.unsent: dict[int, int] = {}    # uid: bytes of frames its peers have not taken
-        self.cut_off = 0                # connections closed for unsent bytes, since logged
-        self._logged_cut = 0.0
 
     @staticmethod
     def privileged(uid: int) -> bool:
@@ -109,14 +106,8 @@ class ConnectionLimits:
             del self.open[uid]
 
     def note_refused(self, uid: int, why: GpumemError) -> None:
-        """Log refusals at most once a minute: a flood must not flood the log too."""
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._logged >= 60:
-            log.warning("refused %d connection(s) in the last minute; the last one of uid "
-                        "%d: %s", self.refused, uid, why.message)
-            self._logged, self.refused = now, 0
-
+        self._refusals.note("refused %d connection(s) in the last minute; the last one of "
+                            "uid %d: %s", uid, why.message)
 
     def reserve_send(self, uid: int, nbytes: int) -> bool:
         """Count `nbytes` of a frame about to be sent as unsent by `uid`; False (nothing
@@ -137,13 +128,23 @@ class ConnectionLimits:
             del self.unsent[uid]
 
     def _note_cut(self, uid: int, unsent: int) -> None:
-        self.cut_off += 1
+        self._cuts.note("closed %d connection(s) in the last minute whose peers do not read; "
+                        "the last one of uid %d, with %d bytes unread", uid, unsent)
+
+
+class MinuteWarning:
+    """A warning logged at most once a minute, with how often it happened meanwhile: a
+    flood must not flood the log too. The format's first %d is that count."""
+
+    def __init__(self) -> None:
+        self.count, self._logged = 0, -float("inf")
+
+    def note(self, fmt: str, *args: Any) -> None:
+        self.count += 1
         now = time.monotonic()
-        if now - self._logged_cut >= 60:
-            log.warning("closed %d connection(s) in the last minute whose peers do not read; "
-                        "the last one of uid %d, with %d bytes unread", self.cut_off, uid,
-                        unsent)
-            self._logged_cut, self.cut_off = now, 0
+        if now - self._logged >= 60:
+            log.warning(fmt, self.count, *args)
+            self._logged, self.count = now, 0
 
 
 class SendRefused(ConnectionError):
