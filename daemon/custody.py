@@ -123,7 +123,7 @@ class Custody:
         """A writer (a socket `open rw`, an `attach rw`) still held its allocation when the
         daemon stopped: its writes landed in memory the keeper kept, but its `close` never
         came. Record what can be known: the allocation was modified (now), and a `write`
-        event in the writer's name that says its range is unknown."""
+        event in the writer's name with `range_unknown`."""
         seen: set[int] = set()
         for row in rows:
             alloc = self.ns.node_or_none(row["node"])
@@ -135,8 +135,9 @@ class Custody:
             alloc.modified_ns = alloc.changed_ns = now
             self.registry.update_node(alloc.id, modified_ns=now, changed_ns=now)
             writer = Credentials(pid=row["pid"], uid=row["uid"], gid=-1)
-            self.journal.event("write", alloc, writer, reason=(
-                f"{row['kind']} was open when gpumemd stopped; the range written is unknown"))
+            # Numbers and flags only: a `write` detail is what a client reports too, and
+            # carries no text (daemon/events.py, CLIENT_REPORTED).
+            self.journal.event("write", alloc, writer, range_unknown=True)
 
     def _adopt_listed(self, kept: dict[int, list[int]], summary: dict) -> None:
         """Each listed allocation: a transient one is dropped (it never outlives the

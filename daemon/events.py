@@ -63,7 +63,8 @@ SCHEMA: dict[str, dict[str, str]] = {
                 "accessed_ns": "int", "changed_ns": "int"},
     # A client's `close` reports what it wrote: `offset` and `bytes` (gpumemctl.Client), or
     # a list of `ranges`, which is summarised when long.
-    "write": {"offset": "int", "bytes": "int", "ranges": "ranges", **_REASON},
+    # `range_unknown`: the daemon's note at start that a writer was open when it stopped.
+    "write": {"offset": "int", "bytes": "int", "ranges": "ranges", "range_unknown": "bool"},
     "seal": _REASON,
     "unsealed": _REASON,
     "release": _REASON,

@@ -106,7 +106,7 @@ class ConnectionLimits:
             del self.open[uid]
 
     def note_refused(self, uid: int, why: GpumemError) -> None:
-        self._refusals.note("refused %d connection(s) in the last minute; the last one of "
+        self._refusals.happened("refused %d connection(s) in the last minute; the last one of "
                             "uid %d: %s", uid, why.message)
 
     def reserve_send(self, uid: int, nbytes: int) -> bool:
@@ -128,7 +128,7 @@ class ConnectionLimits:
             del self.unsent[uid]
 
     def _note_cut(self, uid: int, unsent: int) -> None:
-        self._cuts.note("closed %d connection(s) in the last minute whose peers do not read; "
+        self._cuts.happened("closed %d connection(s) in the last minute whose peers do not read; "
                         "the last one of uid %d, with %d bytes unread", uid, unsent)
 
 
@@ -139,7 +139,7 @@ class MinuteWarning:
     def __init__(self) -> None:
         self.count, self._logged = 0, -float("inf")
 
-    def note(self, fmt: str, *args: Any) -> None:
+    def happened(self, fmt: str, *args: Any) -> None:
         self.count += 1
         now = time.monotonic()
         if now - self._logged >= 60:

@@ -2,7 +2,7 @@
 durable `gpumemctl write` whose data had fully landed, the restarted daemon recorded neither
 `modified` nor a `write` event for it. Now the start-up notes every writer the registry
 still listed: the modification time moves, and a `write` event in the writer's name says
-that the range written is unknown."""
+that the range written is unknown (`range_unknown`)."""
 from __future__ import annotations
 
 import mmap  # noqa: F401 - Client.open maps the memory; nothing is imported after the uid drop
@@ -39,5 +39,5 @@ def test_a_writer_open_at_a_crash_leaves_a_write_event_and_a_new_mtime(daemon):
     writes = [e for e in c.events(path="weights") if e["kind"] == "write"]
     assert writes, c.events(path="weights")
     assert writes[-1]["uid"] == WRITER
-    assert "range written is unknown" in writes[-1]["detail"]["reason"]
+    assert writes[-1]["detail"] == {"range_unknown": True}
     assert c.check()["clean"] is True
