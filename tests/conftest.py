@@ -144,3 +144,13 @@ def small_state_disk(daemon_factory, request):
     request.addfinalizer(lambda: subprocess.run(["umount", "-l", d.state_dir]))
     d.allow_errors = True           # the full disk is logged, as it should be
     return d.start()
+
+
+@pytest.fixture(scope="session")
+def fake_lib(tmp_path_factory):
+    """The fake libcuda.so.1 (tests/fakecuda), built once a session; its directory."""
+    from tests import fakecuda
+    libdir = fakecuda.build(str(tmp_path_factory.mktemp("fakecuda")))
+    if libdir is None:
+        pytest.skip("no C compiler to build the fake CUDA driver")
+    return libdir

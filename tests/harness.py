@@ -347,3 +347,12 @@ def fill_filesystem(directory: str) -> str:
     finally:
         os.close(fd)
     return path
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident memory, from /proc (tests that bound what the daemon holds)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")

@@ -29,14 +29,6 @@ FAKE_UUID0 = "GPU-fa4ec0da-1234-4000-8000-000000000000"
 FAKE_UUID1 = "GPU-fa4ec0da-1234-4000-8000-000000000001"
 
 
-@pytest.fixture(scope="session")
-def fake_lib(tmp_path_factory):
-    libdir = fakecuda.build(str(tmp_path_factory.mktemp("fakecuda")))
-    if libdir is None:
-        pytest.skip("no C compiler to build the fake CUDA driver")
-    return libdir
-
-
 @pytest.fixture
 def cuda_daemon(fake_lib, daemon_factory):
     return daemon_factory(backend="cuda", env=fakecuda.env(fake_lib))

@@ -25,7 +25,7 @@ import pytest
 
 from gpumemctl import Client
 from gpumemctl.protocol import PROTOCOL_VERSION, framing
-from tests.harness import wait_for
+from tests.harness import rss_bytes, wait_for
 
 MiB = 1 << 20
 HELLO = {"id": 1, "op": "hello", "args": {"version": PROTOCOL_VERSION}}
@@ -116,14 +116,6 @@ def fd_targets(pid: int) -> list[str]:
         except OSError:
             pass
     return out
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 _canary = iter(range(1_000_000))

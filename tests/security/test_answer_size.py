@@ -16,6 +16,7 @@ from daemon.server.streams import EVENTS_ANSWER_BYTES
 from daemon.server.transport import SEND_BUDGET_PER_UID
 from gpumemctl import Client
 from gpumemctl.protocol import PROTOCOL_VERSION, framing
+from tests.harness import rss_bytes
 from tests.users import HeldAs, run_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
@@ -72,14 +73,6 @@ def _never_read(sock: str, n: int):
         framing.send_frame(s, {"id": 2, "op": "events", "args": {"limit": 10_000}})
         held.append(s)
     return {"opened": n}, held
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_answers_nobody_reads_are_bounded_per_user(daemon):

@@ -22,14 +22,6 @@ PERMISSION = 6
 DATA = bytes(range(256)) * (3 * 4096 + 17)       # ~3 MiB: more than one piece of a copy
 
 
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory):
-    libdir = fakecuda.build(str(tmp_path_factory.mktemp("fakecuda")))
-    if libdir is None:
-        pytest.skip("no C compiler to build the fake CUDA driver")
-    return libdir
-
-
 def cuda_daemon(daemon_factory, fake_lib, tmp_path, text: str = ""):
     path = tmp_path / "gpumemd.toml"
     path.write_text(text)
