@@ -143,6 +143,7 @@ def tst_fifo(mnt: str) -> None:
 def tst_device_nodes(mnt: str) -> None:
     """mknod of character and block devices keeps type and rdev; the mount is nodev, so
     opening one is EACCES and never reaches the device."""
+    assert "nodev" in _mount_options(mnt)
     for kind, dev, name in ((stat.S_IFCHR, os.makedev(1, 3), "null"),
                             (stat.S_IFBLK, os.makedev(7, 0), "loop")):
         path = os.path.join(mnt, name)
@@ -153,6 +154,15 @@ def tst_device_nodes(mnt: str) -> None:
         expect_errno(errno.EACCES, os.open, path, os.O_RDONLY)
         expect_errno(errno.EACCES, os.open, path, os.O_WRONLY)
         os.unlink(path)
+
+
+def _mount_options(mnt: str) -> list[str]:
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if fields[1] == mnt:
+                return fields[3].split(",")
+    raise AssertionError(f"{mnt} is not mounted")
 
 
 def _umask() -> int:
