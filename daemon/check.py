@@ -9,13 +9,14 @@ from __future__ import annotations
 import contextlib
 
 from .keeper_link import KeeperGone
-from .nodes import Allocation, Directory
+from .nodes import Allocation, kind_of
+from .registry import stored_name
 
 # Registry columns compared with the in-memory node; (column, attribute, to-db conversion).
 _FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),
            ("mode", "mode", None), ("size", "size", None), ("capacity", "capacity", None),
            ("device", "device", None), ("durable", "durable", int), ("state", "state", None),
-           ("ecc", "ecc", None)]
+           ("ecc", "ecc", None), ("target", "target", stored_name), ("rdev", "rdev", None)]
 
 
 class Checker:
@@ -84,7 +85,7 @@ class Checker:
         with self.registry.transaction(durable=True):
             if insert:
                 self.registry.insert_node(
-                    id=node.id, kind="dir" if isinstance(node, Directory) else "alloc",
+                    id=node.id, kind=kind_of(node),
                     created_ns=node.created_ns, modified_ns=node.modified_ns,
                     changed_ns=node.changed_ns, name=node.name, uid=node.uid, gid=node.gid,
                     mode=node.mode)

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 
 from .ecc.layout import BLOCK
-from .nodes import Allocation, Directory, Node
+from .nodes import Allocation, Directory, Node, Special, Symlink
+
+# How each special file type is named in `type` (the registry's kind is shorter).
+SPECIAL_TYPE_NAMES = {"fifo": "fifo", "chr": "char-device", "blk": "block-device",
+                      "sock": "socket"}
 
 
 @functools.lru_cache(maxsize=1 << 16)   # a listing formats the same times again and again
@@ -36,6 +41,13 @@ def describe(node: Node, *, holders: bool = False) -> dict:
     }
     if isinstance(node, Directory):
         return {"type": "directory", **common, "entries": len(node.children)}
+    if isinstance(node, Symlink):       # `mode` is always 0777, as Linux shows a link's
+        return {"type": "symlink", **common, "target": node.target}
+    if isinstance(node, Special):
+        out = {"type": SPECIAL_TYPE_NAMES[node.kind], **common}
+        if node.kind in ("chr", "blk"):
+            out.update(rdev=node.rdev, major=os.major(node.rdev), minor=os.minor(node.rdev))
+        return out
     if not isinstance(node, Allocation):    # a new kind of node must say how it is shown
         raise TypeError(f"describe() knows no {type(node).__name__}")
     info = {

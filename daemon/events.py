@@ -58,7 +58,9 @@ SCHEMA: dict[str, dict[str, str]] = {
     "durable": {},
     "transient": {},
     "resize": {"size": "int", "capacity": "int", "old_size": "int"},
-    "rename": {"from": "str", "to": "str"},
+    "rename": {"from": "str", "to": "str", "exchange": "bool"},
+    "symlink": {"target": "str"},
+    "mknod": {"type": "str", "mode": "str", "rdev": "int"},
     "setattr": {"mode": "str", "uid": "int", "gid": "int", "modified_ns": "int",
                 "accessed_ns": "int", "changed_ns": "int"},
     # A client's `close` reports what it wrote: `offset` and `bytes` (gpumemctl.Client), or

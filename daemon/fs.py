@@ -20,7 +20,14 @@ Choices a user can observe (docs/mount.md says more):
 - `/.metadata/<path>` mirrors the tree read-only: directories as directories, each
   allocation as a file holding what `gpumemctl info --json` prints. It is hidden from the
   root's listing (like ZFS's .zfs) and is never an allocation.
-- Symbolic links: ENOTSUP. Hard links: EPERM. Device nodes and FIFOs: EPERM.
+- Symbolic links are nodes of the namespace (daemon/nodes.Symlink): symlink makes one,
+  readlink answers its target as given, and the kernel follows them (O_NOFOLLOW, ELOOP and
+  the 40-link limit are its own). An absolute target is a plain string, never resolved
+  here. Hard links: EPERM.
+- mknod makes FIFOs, sockets and character and block device nodes as tmpfs does: metadata
+  only (daemon/nodes.Special). The kernel gives FIFOs and sockets their behaviour without
+  asking us; the mount is nodev, so a device node never opens its device (EACCES).
+- rename honours RENAME_NOREPLACE and RENAME_EXCHANGE.
 - An unlinked file keeps its memory while it is open; the memory goes with its last close.
 - open(2) with O_TRUNC truncates (libfuse 3 negotiates atomic O_TRUNC, so the flag arrives
   in the open, not as a setattr), as does a create that finds the name taken meanwhile.
@@ -58,7 +65,7 @@ from . import offload, xattrs
 from .describe import describe
 from .errno_map import errno_for
 from .manager import AllocationManager
-from .nodes import Allocation, Directory, Node
+from .nodes import Allocation, Directory, Node, Special, Symlink
 from .permissions import Credentials, R, W, require, supplementary_groups
 from .registry import ROOT_ID
 from .sessions import Session
@@ -249,6 +256,13 @@ class Operations(pyfuse3.Operations):
         elif isinstance(node, Directory):
             a.st_nlink = 2 + node.subdirs
             a.st_size = 0
+        elif isinstance(node, Symlink):
+            a.st_nlink = 1
+            a.st_size = len(name_bytes(node.target))      # lstat(2): the target's bytes
+        elif isinstance(node, Special):
+            a.st_nlink = 1
+            a.st_size = 0
+            a.st_rdev = node.rdev
         a.st_mtime_ns = node.modified_ns
         # (None only before Node.__post_init__, which sets the modification time)
         a.st_atime_ns = node.modified_ns if node.accessed_ns is None else node.accessed_ns
@@ -409,13 +423,15 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def mknod(self, parent_inode, name, mode, rdev, ctx):
-        if not stat.S_ISREG(mode):
-            raise pyfuse3.FUSEError(errno.EPERM)    # no FIFOs, sockets or device nodes
         self._writable_parent(parent_inode)
-        alloc = self.m.create_pending(parent_inode, decode_name(name), credentials(ctx),
-                                      stat.S_IMODE(mode))
-        self._remember(alloc)
-        return self._attrs(alloc)
+        cred, text = credentials(ctx), decode_name(name)
+        if stat.S_ISREG(mode):
+            node: Node = self.m.create_pending(parent_inode, text, cred, stat.S_IMODE(mode))
+        else:     # a FIFO, socket (bind(2)) or device node: metadata only
+            node = self.m.mknod_child(parent_inode, text, cred, stat.S_IMODE(mode),
+                                      stat.S_IFMT(mode), rdev)
+        self._remember(node)
+        return self._attrs(node)
 
     @handler
     def unlink(self, parent_inode, name, ctx):
@@ -429,10 +445,12 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        if flags & pyfuse3.RENAME_EXCHANGE:
-            raise pyfuse3.FUSEError(errno.EINVAL)   # not supported (docs/mount.md)
         self._writable_parent(parent_inode_old)
         self._writable_parent(parent_inode_new)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            self.m.exchange(parent_inode_old, decode_name(name_old), parent_inode_new,
+                            decode_name(name_new), credentials(ctx))
+            return
         self.m.rename(parent_inode_old, decode_name(name_old), parent_inode_new,
                       decode_name(name_new), credentials(ctx),
                       replace=not flags & pyfuse3.RENAME_NOREPLACE)
@@ -443,7 +461,18 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def symlink(self, parent_inode, name, target, ctx):
-        raise pyfuse3.FUSEError(errno.ENOTSUP)
+        self._writable_parent(parent_inode)
+        link = self.m.symlink_child(parent_inode, decode_name(name), decode_name(target),
+                                    credentials(ctx))
+        self._remember(link)
+        return self._attrs(link)
+
+    @handler
+    def readlink(self, inode, ctx):
+        node = None if self._is_meta(inode) else self._node(inode)
+        if not isinstance(node, Symlink):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return name_bytes(node.target)
 
     def _writable_parent(self, inode: int) -> None:
         if self._is_meta(inode):

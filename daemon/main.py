@@ -413,7 +413,8 @@ def _main(args) -> int:
                                 default_quota=quota_bytes(args.default_quota, backend),
                                 max_names_per_uid=args.max_names_per_uid,
                                 max_handles_per_uid=args.max_handles_per_uid,
-                                fds_to_readers=args.cuda_fds_to_readers)
+                                fds_to_readers=args.cuda_fds_to_readers,
+                                mountpoint=mount_path)
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
     try:

@@ -15,6 +15,7 @@ The layers under it, each with one job (docs/design.md, "The daemon's core"):
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from gpumemctl.protocol import (
@@ -36,8 +37,9 @@ from .handles import HandleVerbs
 from .holders import IO_KINDS, MOUNT_KINDS, Holders
 from .integrity import Integrity, ParityJob
 from .journal import Journal
+from .links import check_target
 from .namespace import DAEMON, NOW, RELATIME_NS, Namespace, check_mode
-from .nodes import Allocation, Directory, Node
+from .nodes import SPECIAL_KINDS, Allocation, Directory, Node, Special, Symlink
 from .permissions import Credentials, R, W, X, administrative_uid, require, require_owner
 from .queries import Queries
 from .quotas import Quotas
@@ -57,13 +59,15 @@ class AllocationManager(HandleVerbs, Queries):
                  fault_injection: bool = False, default_ecc: str = "rs",
                  quotas: dict[int, int] | None = None, default_quota: int | None = None,
                  max_names_per_uid: int | None = None, max_handles_per_uid: int | None = None,
-                 fds_to_readers: bool = False):
+                 fds_to_readers: bool = False, mountpoint: str | None = None):
         """`fault_injection`: gpumemd --enable-fault-injection (debug_corrupt); `default_ecc`:
         the ECC of creates that name none (config `ecc`); `quotas`: uid -> the capacity in
         bytes that uid's allocations may hold (config [quotas]); `default_quota`: the
         capacity of every other uid but root's and the daemon's (config default_quota);
         `max_names_per_uid`, `max_handles_per_uid`: the same config keys (None: no limit);
-        `fds_to_readers`: config cuda_fds_to_readers (HandleVerbs.require_fd_for_reader)."""
+        `fds_to_readers`: config cuda_fds_to_readers (HandleVerbs.require_fd_for_reader);
+        `mountpoint`: where the namespace is mounted, if it is (absolute link targets under
+        it are followed by the socket API: daemon/links.py)."""
         if default_ecc not in ECC_MODES:
             raise ValueError(f"invalid default ecc {default_ecc!r}: expected one of "
                              f"{', '.join(ECC_MODES)}")
@@ -74,6 +78,7 @@ class AllocationManager(HandleVerbs, Queries):
         self.custody = Custody(registry, self.journal, backend, keeper, self.ns,
                                self.integrity.parity)
         self.ns.max_names_per_uid = max_names_per_uid
+        self.ns.resolver.mountpoint = mountpoint
         self.holders = Holders(registry, self.journal)
         self.holders.max_per_uid = max_handles_per_uid
         self.quotas = Quotas(self.ns.allocations, quotas, kept=self._kept_open,
@@ -229,7 +234,7 @@ class AllocationManager(HandleVerbs, Queries):
         """Remove an allocation or (with `recursive`) a directory tree. Returns the paths
         removed. An allocation with open handles is busy unless `force`: then its name goes
         now and its memory with its last holder. Order: commit, withdraw, free."""
-        node = self.ns.lookup(path, cred)
+        node = self.ns.lookup(path, cred, follow=False)    # a link goes, not its target
         if isinstance(node, Directory) and not recursive:
             raise UsageError(f"'{node.path}' is a directory; use -r to remove it and its "
                              "contents")
@@ -350,16 +355,75 @@ class AllocationManager(HandleVerbs, Queries):
         return node
 
     def unlink_child(self, parent_id: int, name: str, cred: Credentials) -> None:
-        """unlink(2): the name goes now; the memory now or with its last holder. Never a
-        directory (EISDIR)."""
+        """unlink(2): the name goes now; an allocation's memory now or with its last holder.
+        Never a directory (EISDIR)."""
         node = self.ns.lookup_child(parent_id, name, cred)
-        if not isinstance(node, Allocation):
+        if isinstance(node, Directory):
             raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
         self.ns.require_removable(node.parent, node, cred)
-        with self.journal.change(durable=node.durable, batch=not node.durable):
+        durable = isinstance(node, Allocation) and node.durable
+        with self.journal.change(durable=durable, batch=isinstance(node, Allocation)
+                                 and not durable):
             self.ns.forget(node)
             self.journal.event("remove", node, cred, force=True)
-        self._release_memory(node)
+        if isinstance(node, Allocation):
+            self._release_memory(node)
+
+    def exchange(self, src_parent_id: int, src_name: str, dst_parent_id: int, dst_name: str,
+                 cred: Credentials) -> tuple[Node, Node]:
+        """renameat2(RENAME_EXCHANGE) (Namespace.exchange): nothing is freed."""
+        return self.ns.exchange(src_parent_id, src_name, dst_parent_id, dst_name, cred)
+
+    # ---- symbolic links and special files: metadata only, never memory ------------------
+    # Not fsynced, as mkdir is not: a committed row survives a crash of the daemon (kill -9),
+    # and only a power cut may take the last ones (docs/durability.md).
+    def symlink(self, path: str, target: str, cred: Credentials) -> dict:
+        """`ln -s TARGET PATH` (socket API): the directory that holds PATH must exist
+        (links on the way to it are followed); the target is kept as given."""
+        parts = split_path(path)
+        parent, _ = self.ns.parent_for_new(parts, cred, parents=False)
+        return describe(self._insert_link(parent, parts[-1], target, cred))
+
+    def symlink_child(self, parent_id: int, name: str, target: str,
+                      cred: Credentials) -> Symlink:
+        """symlink(2) on the mount."""
+        parent = self.ns.parent_for_entry(parent_id, name, cred, 0o777)
+        return self._insert_link(parent, name, target, cred)
+
+    def _insert_link(self, parent: Directory, name: str, target: str,
+                     cred: Credentials) -> Symlink:
+        check_target(target)
+        require(parent, cred, W | X, "create entries in")
+        if name in parent.children:
+            raise Exists(f"'{parent.children[name].path}' already exists")
+        with self.journal.change(durable=False):
+            link = self.ns.insert_node(Symlink, parent, name, cred, 0o777, target=target)
+            self.journal.event("symlink", link, cred, target=target)
+        return link
+
+    def readlink(self, path: str, cred: Credentials) -> dict:
+        """The link itself (not followed): {target, info}."""
+        node = self.ns.lookup(path, cred, follow=False)
+        if not isinstance(node, Symlink):
+            raise UsageError(f"'{node.path}' is not a symbolic link",
+                             details={"errno": "EINVAL"})
+        return {"target": node.target, "info": describe(node)}
+
+    def mknod_child(self, parent_id: int, name: str, cred: Credentials, mode: int,
+                    ftype: int, rdev: int = 0) -> Special:
+        """mknod(2) of a FIFO, socket or device node on the mount: a row, no memory. The
+        mount is nodev, so a device node made here never opens the device."""
+        if ftype not in SPECIAL_KINDS:
+            raise UsageError(f"mknod of file type {ftype:o} is not supported",
+                             details={"errno": "EINVAL"})
+        parent = self.ns.parent_for_entry(parent_id, name, cred, mode)
+        device = ftype in (stat.S_IFCHR, stat.S_IFBLK)
+        with self.journal.change(durable=False):
+            node = self.ns.insert_node(Special, parent, name, cred, mode, ftype=ftype,
+                                       rdev=rdev if device else 0)
+            self.journal.event("mknod", node, cred, type=node.kind, mode=f"{mode:04o}",
+                               rdev=node.rdev)
+        return node
 
     def rmdir_child(self, parent_id: int, name: str, cred: Credentials) -> None:
         """rmdir(2): an empty directory only; a non-empty one is Exists with ENOTEMPTY."""

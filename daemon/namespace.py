@@ -33,7 +33,18 @@ from gpumemctl.protocol import (
 
 from .describe import describe
 from .journal import Journal
-from .nodes import Allocation, Directory, Node, NodeTable, walk
+from .links import Resolver
+from .nodes import (
+    SPECIAL_KINDS,
+    SPECIAL_TYPES,
+    Allocation,
+    Directory,
+    Node,
+    NodeTable,
+    Special,
+    Symlink,
+    walk,
+)
 from .orphans import RECOVERY_DIR
 from .permissions import (
     Credentials,
@@ -44,7 +55,7 @@ from .permissions import (
     may_remove_from,
     require,
 )
-from .registry import ROOT_ID, Registry
+from .registry import ROOT_ID, Registry, loaded_name, stored_name
 
 RESERVED_AT_ROOT = (".metadata",)   # the mount's read-only metadata view (daemon/fs.py)
 RELATIME_NS = 24 * 3600 * 10**9   # relatime: an access time older than this moves on a read
@@ -53,6 +64,14 @@ NOW = "now"                       # setattr(mtime_ns=NOW): utimensat's UTIME_NOW
 DAEMON = Credentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 # The registry's `unsealed` column (registry.add_damage_table): read here to build nodes.
 SEALED, UNSEALED, WRITING = 0, 1, 2
+
+
+def _kind(cls, fields: dict) -> str:
+    """The registry's `kind` of a new node of class `cls` (nodes.kind_of, before the node
+    exists)."""
+    if cls is Special:
+        return SPECIAL_KINDS[fields["ftype"]]
+    return {Directory: "dir", Symlink: "symlink", Allocation: "alloc"}[cls]
 
 
 def check_mode(mode: int) -> int:
@@ -72,6 +91,9 @@ class Namespace:
         # and attributes): watcher.entry_changed(parent_id, name), attrs_changed(node_id).
         self.watchers: list = []
         self._next_id = 0           # the next id to give (load(); reserve_ids)
+        # Paths through symbolic links, for the socket API (daemon/links.py); its mount
+        # point is set by the composition root (daemon/main.py).
+        self.resolver = Resolver(lambda: self.root)
 
     def load(self) -> None:
         self._next_id = self.registry.next_node_id()
@@ -100,34 +122,37 @@ class Namespace:
                       accessed_ns=row["accessed_ns"])
         if row["kind"] == "dir":
             return Directory(**common)
+        if row["kind"] == "symlink":
+            return Symlink(**common, target=loaded_name(row["target"]))
+        if row["kind"] in SPECIAL_TYPES:
+            return Special(**common, ftype=SPECIAL_TYPES[row["kind"]], rdev=row["rdev"] or 0)
         return Allocation(**common, size=row["size"] or 0, capacity=row["capacity"],
                           device=row["device"], durable=bool(row["durable"]),
                           unsealed=row["unsealed"] == UNSEALED,
                           writing=row["unsealed"] == WRITING,
                           state=row["state"], ecc=row["ecc"], verified_ns=row["verified_ns"])
 
-    def lookup(self, path: str, cred: Credentials, *, allow_root: bool = False) -> Node:
-        """Resolve a path, requiring search (x) permission on every directory passed."""
-        node: Node = self.root
+    def lookup(self, path: str, cred: Credentials, *, allow_root: bool = False,
+               follow: bool = True) -> Node:
+        """Resolve a path, requiring search (x) permission on every directory passed.
+        Symbolic links are followed (daemon/links.py), the last component's only with
+        `follow` (as stat(2) does; lstat(2) is follow=False)."""
         parts = split_path(path, allow_root=allow_root)
-        for i, part in enumerate(parts):
-            if not isinstance(node, Directory):
-                raise NotFound(f"'{'/'.join(parts[:i])}' is an allocation, not a directory")
-            require(node, cred, X)
-            child = node.children.get(part)
-            if child is None:
-                raise NotFound(f"no such allocation or directory: '{'/'.join(parts[:i + 1])}'")
-            node = child
+        node, missing = self.resolver.resolve(parts, cred, follow_last=follow)
+        if missing:
+            found = len(parts) - len(missing) + 1
+            raise NotFound(f"no such allocation or directory: '{'/'.join(parts[:found])}'")
         return node
 
     def lookup_allocation(self, path: str, cred: Credentials) -> Allocation:
         node = self.lookup(path, cred)
         if not isinstance(node, Allocation):
-            raise UsageError(f"'{node.path}' is a directory, not an allocation")
+            raise UsageError(f"'{node.path}' is a {describe(node)['type']}, not an allocation")
         return node
 
     def listdir(self, path: str, cred: Credentials, *, recursive: bool = False) -> list[dict]:
-        node = self.lookup(path, cred, allow_root=True)
+        # The last component is not followed: `ls LINK` shows the link, as `ls -l` does.
+        node = self.lookup(path, cred, allow_root=True, follow=False)
         if not isinstance(node, Directory):
             return [describe(node)]
         require(node, cred, R | X, "list")
@@ -155,21 +180,16 @@ class Namespace:
 
     def parent_for_new(self, parts: list[str], cred: Credentials, parents: bool):
         """Find the directory that will hold parts[-1]; with `parents`, list the missing
-        directories to create (as names under the last existing one)."""
-        node: Node = self.root
-        for i, part in enumerate(parts[:-1]):
-            if not isinstance(node, Directory):
-                raise NotFound(f"'{'/'.join(parts[:i])}' is an allocation, not a directory")
-            require(node, cred, X)
-            child = node.children.get(part)
-            if child is None:
-                if not parents:
-                    raise NotFound(f"no such directory: '{'/'.join(parts[:i + 1])}'")
-                return node, parts[i:-1]
-            node = child
+        directories to create (as names under the last existing one). Links on the way
+        are followed (a link to a directory is a way into it)."""
+        node, missing = self.resolver.resolve(parts[:-1], cred, follow_last=True)
+        if missing and not parents:
+            found = len(parts) - 1 - len(missing) + 1
+            raise NotFound(f"no such directory: '{'/'.join(parts[:found])}'")
         if not isinstance(node, Directory):
-            raise NotFound(f"'{'/'.join(parts[:-1])}' is an allocation, not a directory")
-        return node, []
+            raise NotFound(f"'{'/'.join(parts[:-1])}' is not a directory",
+                           details={"errno": "ENOTDIR"})
+        return node, missing
 
     def insert_dirs(self, parent: Directory, names: list[str], cred: Credentials,
                     mode: int, ids: list[int] | None = None) -> Directory:
@@ -192,11 +212,13 @@ class Namespace:
         gid = parent.gid if parent.mode & 0o2000 else cred.gid   # setgid directories
         if cls is Directory and parent.mode & 0o2000:
             mode |= 0o2000
-        row = dict(parent=parent.id, name=name, kind="dir" if cls is Directory else "alloc",
-                   uid=cred.uid, gid=gid, mode=mode, created_ns=now, modified_ns=now,
-                   changed_ns=now, accessed_ns=now)
+        row = dict(parent=parent.id, name=name, kind=_kind(cls, alloc_fields), uid=cred.uid,
+                   gid=gid, mode=mode, created_ns=now, modified_ns=now, changed_ns=now,
+                   accessed_ns=now)
         db_fields = {k: v for k, v in alloc_fields.items()
-                     if k not in ("buffer", "parity", "leased")}
+                     if k not in ("buffer", "parity", "leased", "ftype")}
+        if "target" in db_fields:
+            db_fields["target"] = stored_name(db_fields["target"])
         row["id"] = node_id if node_id is not None else self.reserve_ids(1)[0]
         node_id = self.registry.insert_node(**row, **db_fields)
         node = cls(id=node_id, name=name, parent=parent, uid=cred.uid, gid=gid, mode=mode,
@@ -212,7 +234,8 @@ class Namespace:
             return
         owned = self.nodes.owned.get(uid, 0)
         if owned >= limit:
-            raise NoMemory(f"uid {uid} has {owned} names (allocations and directories), the "
+            raise NoMemory(f"uid {uid} has {owned} names (allocations, directories, links and "
+                           f"special files), the "
                            f"most one user may have (max_names_per_uid {limit}); remove some "
                            "first", details={"errno": "EDQUOT", "uid": uid, "limit": limit})
 
@@ -385,6 +408,61 @@ class Namespace:
             self.journal.event("rename", node, cred, **{"from": old_path, "to": node.path})
         return node, target
 
+    def exchange(self, src_parent_id: int, src_name: str, dst_parent_id: int,
+                 dst_name: str, cred: Credentials) -> tuple[Node, Node]:
+        """renameat2(RENAME_EXCHANGE): two existing entries trade places in one
+        transaction. Each is checked as a rename of it would be (write on both directories,
+        sticky directories, a directory's '..' and its own subtree); ids stay."""
+        check_component(src_name)
+        check_component(dst_name)
+        src_dir, dst_dir = self.directory(src_parent_id), self.directory(dst_parent_id)
+        a = self.lookup_child(src_parent_id, src_name, cred)
+        b = self.lookup_child(dst_parent_id, dst_name, cred)
+        if a is b:
+            return a, b
+        for node, here, there in ((a, src_dir, dst_dir), (b, dst_dir, src_dir)):
+            self.require_removable(here, node, cred, "rename entries in")
+            if isinstance(node, Directory):
+                self._check_dir_move(node, here, there, cred)
+        with self.journal.change(durable=self.has_durable(a) or self.has_durable(b)):
+            now = time.time_ns()
+            paths = (a.path, b.path)
+            for node in (a, b):
+                self.journal.keep(node, "parent", "name", "changed_ns")
+            for directory in {src_dir, dst_dir}:
+                self.journal.keep(directory, "modified_ns", "changed_ns")
+            # UNIQUE (parent, name): `a` steps out of the tree (a NULL parent) while `b`
+            # takes its name, then takes `b`'s.
+            self.registry.update_node(a.id, parent=None, changed_ns=now)
+            self.registry.update_node(b.id, parent=src_dir.id, name=src_name, changed_ns=now)
+            self.registry.update_node(a.id, parent=dst_dir.id, name=dst_name)
+            src_dir.remove_child(src_name)
+            dst_dir.remove_child(dst_name)
+
+            def swap_back() -> None:
+                for node in (a, b):
+                    other = node.parent
+                    if other is not None and other.children.get(node.name) is node:
+                        other.remove_child(node.name)
+                for node, directory, name in ((a, src_dir, src_name), (b, dst_dir, dst_name)):
+                    node.name = name
+                    directory.add_child(node)
+            self.journal.on_rollback(swap_back)
+            a.parent, a.name, a.changed_ns = dst_dir, dst_name, now
+            b.parent, b.name, b.changed_ns = src_dir, src_name, now
+            dst_dir.add_child(a)
+            src_dir.add_child(b)
+            self.entry_changed(src_dir, src_name)
+            self.entry_changed(dst_dir, dst_name)
+            for directory in {src_dir, dst_dir}:
+                directory.modified_ns = directory.changed_ns = now
+                self.registry.update_node(directory.id, modified_ns=now, changed_ns=now)
+                self.journal.node_changed(directory)
+            for node, old in ((a, paths[0]), (b, paths[1])):
+                self.journal.event("rename", node, cred, exchange=True,
+                                   **{"from": old, "to": node.path})
+        return a, b
+
     def _check_dir_move(self, node: Directory, src_dir: Directory, dst_dir: Directory,
                         cred: Credentials) -> None:
         """No move into its own subtree; a move to another parent rewrites its '..', which
@@ -469,7 +547,7 @@ class Namespace:
                                        f"'{node.path}' to group {gid}",
                                        details={"errno": "EPERM"})
             changes["gid"] = gid
-        if ("uid" in changes or "gid" in changes) and isinstance(node, Allocation):
+        if ("uid" in changes or "gid" in changes) and not isinstance(node, Directory):
             changes["mode"] = changes.get("mode", node.mode) & ~0o6000
         for value in (mtime_ns, atime_ns):
             if value == NOW:

@@ -86,6 +86,53 @@ class Directory(Node):
 
 
 @dataclasses.dataclass(eq=False)
+class Symlink(Node):
+    """A symbolic link: metadata only (a registry row), never memory. Its target is a plain
+    string, spelled as names are (surrogateescape), kept as given: the kernel follows it on
+    the mount, daemon/links.py through the socket API. Its mode is always 0777, as Linux
+    shows a link's (the permissions that count are those of what it leads to)."""
+    target: str = ""
+
+    @property
+    def st_mode(self) -> int:
+        return stat.S_IFLNK | 0o777
+
+
+# The registry's `kind` of each special file type (mknod(2)), and back.
+SPECIAL_KINDS = {stat.S_IFIFO: "fifo", stat.S_IFCHR: "chr", stat.S_IFBLK: "blk",
+                 stat.S_IFSOCK: "sock"}
+SPECIAL_TYPES = {kind: ftype for ftype, kind in SPECIAL_KINDS.items()}
+
+
+@dataclasses.dataclass(eq=False)
+class Special(Node):
+    """A FIFO, socket, or character or block device node: metadata only, as tmpfs keeps
+    them. The kernel gives FIFOs and sockets their behaviour; device nodes cannot be opened
+    as devices (the mount is nodev)."""
+    ftype: int = stat.S_IFIFO       # S_IFIFO, S_IFCHR, S_IFBLK or S_IFSOCK
+    rdev: int = 0                   # the device number of a device node; 0 otherwise
+
+    @property
+    def st_mode(self) -> int:
+        return self.ftype | self.mode
+
+    @property
+    def kind(self) -> str:
+        return SPECIAL_KINDS[self.ftype]
+
+
+def kind_of(node: Node) -> str:
+    """The registry's `kind` column for a node."""
+    if isinstance(node, Directory):
+        return "dir"
+    if isinstance(node, Symlink):
+        return "symlink"
+    if isinstance(node, Special):
+        return node.kind
+    return "alloc"
+
+
+@dataclasses.dataclass(eq=False)
 class Allocation(Node):
     size: int = 0                    # 0 while pending (no memory yet)
     capacity: int | None = None
@@ -140,7 +187,8 @@ def walk(top: Node, descend: Callable[[Directory], bool] = lambda d: True) -> It
 
 class NodeTable:
     """Every node in the tree by id, and how many each uid owns: what max_names_per_uid
-    bounds (Namespace.insert_node), counted as nodes come and go rather than by a walk."""
+    bounds (Namespace.insert_node; directories, allocations, symlinks and special files
+    alike), counted as nodes come and go rather than by a walk."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, Node] = {}

@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from gpumemctl.protocol import name_bytes, name_from_bytes
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
@@ -70,32 +70,28 @@ class RegistryUnusable(RuntimeError):
         self.corrupt = corrupt
 
 
-def create_tables(db: sqlite3.Connection) -> None:
-    """The current schema (version SCHEMA_VERSION), made in one go for a new registry.
-    Every column's meaning and sentinels are stated here. An older registry reaches the same
-    schema through MIGRATIONS (tests/unit/test_registry_schema.py compares the two); a
-    change to the schema goes here and into a new migration."""
-    execute_script(db, """
-    CREATE TABLE meta (
-        key   TEXT PRIMARY KEY,  -- 'created_ns', 'instance' (a random id of this registry)
-        value TEXT NOT NULL
-    );
+# The nodes table: create_tables() makes it, and add_links_and_special_files() rebuilds an
+# older one to it.
+_NODES_SQL = """
     CREATE TABLE nodes (
-        -- Directories and allocations share one table: the namespace is a tree, as in a
+        -- Every kind of node shares one table: the namespace is a tree, as in a
         -- filesystem, so a rename moves one row and the id doubles as the inode number.
         id          INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: keeper keys use it
         parent      INTEGER REFERENCES nodes(id),       -- NULL only for the root (id 1)
         -- One path component, '' for the root: TEXT when its bytes are UTF-8, else a
         -- BLOB of them (stored_name()).
         name        TEXT NOT NULL,
-        kind        TEXT NOT NULL CHECK (kind IN ('dir', 'alloc')),
+        -- 'symlink' and the special files ('fifo', 'chr', 'blk', 'sock') are metadata
+        -- only, as directories are (issue 15).
+        kind        TEXT NOT NULL CHECK (kind IN ('dir', 'alloc', 'symlink', 'fifo', 'chr',
+                                                  'blk', 'sock')),
         uid         INTEGER NOT NULL,  -- owner
         gid         INTEGER NOT NULL,  -- group
         mode        INTEGER NOT NULL,  -- permission bits only (07777), no file type bits
         created_ns  INTEGER NOT NULL,  -- wall clock, ns since the epoch
         modified_ns INTEGER NOT NULL,  -- last change of the data (or of the entries, for dirs)
         changed_ns  INTEGER NOT NULL,  -- last change of the metadata
-        -- The columns below, up to `unsealed`, are NULL for directories.
+        -- The columns below, up to `unsealed`, are NULL for every kind but 'alloc'.
         size        INTEGER,  -- bytes the user asked for (0 for a pending file made in the mount)
         capacity    INTEGER,  -- bytes held on the device (size rounded up to the device's
                               -- granularity); NULL while 'pending'
@@ -117,8 +113,27 @@ def create_tables(db: sqlite3.Connection) -> None:
         -- the mount moves it by the relatime rule (docs/mount.md). NULL only in a row
         -- inserted without it (`check` re-inserting a row): read as modified_ns.
         accessed_ns INTEGER,
+        -- A symlink's target, as the link was made (any bytes but NUL, 1-4095 of them):
+        -- TEXT when UTF-8, else a BLOB, as `name`. NULL for every other kind.
+        target      TEXT,
+        -- The device number of a 'chr' or 'blk' node (st_rdev); NULL for other kinds.
+        rdev        INTEGER,
         UNIQUE (parent, name)
     );
+"""
+
+
+def create_tables(db: sqlite3.Connection) -> None:
+    """The current schema (version SCHEMA_VERSION), made in one go for a new registry.
+    Every column's meaning and sentinels are stated here. An older registry reaches the same
+    schema through MIGRATIONS (tests/unit/test_registry_schema.py compares the two); a
+    change to the schema goes here and into a new migration."""
+    execute_script(db, """
+    CREATE TABLE meta (
+        key   TEXT PRIMARY KEY,  -- 'created_ns', 'instance' (a random id of this registry)
+        value TEXT NOT NULL
+    );
+    """ + _NODES_SQL + """
     CREATE TABLE holders (
         -- Who holds an allocation now. Sessions die with the daemon, so the daemon empties
         -- this table at start; while it runs, it lets `check` and a post-mortem see holders.
@@ -225,8 +240,35 @@ def allow_blob_names(db: sqlite3.Connection) -> None:
     del db
 
 
+def add_links_and_special_files(db: sqlite3.Connection) -> None:
+    """7 -> 8 (issue 15): symlinks and special files, and their `target` and `rdev`.
+    The `kind` CHECK must allow them, and SQLite cannot alter a CHECK: `nodes` is rebuilt
+    the documented way (https://sqlite.org/lang_altertable.html, "other kinds of table
+    schema changes"): foreign keys off (migrate() turns them off around every migration),
+    a new table of the current schema, the rows copied with their ids, the old table
+    dropped, the new one renamed, and foreign_key_check before the commit. The rebuild also
+    drops what older registries still carry: parity_gen and checksum where SQLite was too
+    old to drop them, and the 'recovering' state in the `state` CHECK."""
+    seq = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'nodes'").fetchone()
+    execute_script(db, _NODES_SQL.replace("CREATE TABLE nodes (", "CREATE TABLE new_nodes ("))
+    columns = ", ".join(r[1] for r in db.execute("PRAGMA table_info('nodes')")
+                        if r[1] not in ("parity_gen", "checksum"))
+    db.execute(f"INSERT INTO new_nodes ({columns}) SELECT {columns} FROM nodes")
+    db.execute("DROP TABLE nodes")
+    db.execute("ALTER TABLE new_nodes RENAME TO nodes")
+    # AUTOINCREMENT's high-water mark may be past every row (ids reserved for keeper keys):
+    # it is the old table's, not the copy's.
+    db.execute("DELETE FROM sqlite_sequence WHERE name IN ('nodes', 'new_nodes')")
+    if seq is not None:
+        db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('nodes', ?)", (seq[0],))
+    problems = db.execute("PRAGMA foreign_key_check").fetchall()
+    if problems:
+        raise sqlite3.IntegrityError(f"foreign keys broken by the rebuild: {problems[:3]}")
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
-              4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names}
+              4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names,
+              7: add_links_and_special_files}
 
 
 def stored_name(name: str) -> str | bytes:
@@ -317,11 +359,17 @@ class Registry:
                 self._init_root()
                 self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             return
-        while version < SCHEMA_VERSION:
-            with self.transaction(durable=True):
-                MIGRATIONS[version](self.db)
-                version += 1
-                self.db.execute(f"PRAGMA user_version={version}")
+        # Foreign keys off while migrating (a pragma that is a no-op inside a transaction):
+        # a rebuilt table's DROP would otherwise cascade to the rows that reference it.
+        self.db.execute("PRAGMA foreign_keys=OFF")
+        try:
+            while version < SCHEMA_VERSION:
+                with self.transaction(durable=True):
+                    MIGRATIONS[version](self.db)
+                    version += 1
+                    self.db.execute(f"PRAGMA user_version={version}")
+        finally:
+            self.db.execute("PRAGMA foreign_keys=ON")
 
     def _init_root(self) -> None:
         now = time.time_ns()

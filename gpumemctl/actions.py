@@ -68,11 +68,20 @@ def ls(path: str = "", long: bool = False, recursive: bool = False, json_: bool 
             output.data(e["path"] + ("/" if e["type"] == "directory" else ""))
 
 
+# `ls -l`'s type letter and STATE word of the nodes that are not allocations.
+_LS_KINDS = {"directory": ("d", "dir"), "symlink": ("l", "link"), "fifo": ("p", "fifo"),
+             "socket": ("s", "socket"), "char-device": ("c", "chardev"),
+             "block-device": ("b", "blockdev")}
+
+
 def _ls_row(e: dict) -> list[str]:
     name = e["path"] + ("/" if e["type"] == "directory" else "")
-    if e["type"] == "directory":
-        return [_mode_string(e), f"{e['uid']}:{e['gid']}", "-", "-", "-", "-", "dir", "-",
-                "-", e["modified"][:19], name]
+    if e["type"] == "symlink":
+        name += f" -> {e['target']}"
+    if e["type"] in _LS_KINDS:
+        size = f"{e['major']},{e['minor']}" if "major" in e else "-"
+        return [_mode_string(e), f"{e['uid']}:{e['gid']}", size, "-", "-", "-",
+                _LS_KINDS[e["type"]][1], "-", "-", e["modified"][:19], name]
     return [_mode_string(e), f"{e['uid']}:{e['gid']}", format_size(e["size"]),
             format_size(e["capacity"]), (e["device"] or "-")[:13],
             "durable" if e["durable"] else "transient", e["state"], e["ecc"],
@@ -81,7 +90,7 @@ def _ls_row(e: dict) -> list[str]:
 
 def _mode_string(e: dict) -> str:
     mode = int(e["mode"], 8)
-    kind = "d" if e["type"] == "directory" else "-"
+    kind = _LS_KINDS.get(e["type"], ("-",))[0]
     bits = "".join(ch if mode & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
     if mode & 0o1000:
         bits = bits[:8] + ("t" if mode & 1 else "T")

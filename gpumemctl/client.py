@@ -217,6 +217,14 @@ class Client:
     def mkdir(self, path: str, *, mode: int = DIR_MODE, parents: bool = False) -> dict:
         return self.call("mkdir", path=path, mode=mode, parents=parents)
 
+    def symlink(self, target: str, path: str) -> dict:
+        """A symbolic link at `path` to `target` (argument order as ln -s and os.symlink);
+        returns the link's node."""
+        return self.call("symlink", path=path, target=target)
+
+    def readlink(self, path: str) -> str:
+        return self.call("readlink", path=path)["target"]
+
     def remove(self, path: str, *, recursive: bool = False, force: bool = False) -> list[str]:
         return self.call("rm", path=path, recursive=recursive, force=force)["removed"]
 

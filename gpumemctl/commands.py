@@ -151,6 +151,25 @@ def rm(names: Annotated[list[str], typer.Argument(
     """Free allocations (and, with -r, directories)."""
 
 
+@command("ln")
+def ln(target: Annotated[str, typer.Argument(
+           help="What the link points to: a path relative to the link's directory, or an "
+                "absolute path (followed by the daemon only under its mount point).")],
+       name: Annotated[str, typer.Argument(help="The link to make, e.g. models/current.",
+                                           autocompletion=complete_name)],
+       symbolic: Annotated[bool, typer.Option("-s", "--symbolic",
+                                              help="Make a symbolic link.")] = False,
+       json_: JsonOpt = False):
+    """Make NAME a symbolic link to TARGET (ln -s). Hard links are not supported yet."""
+    if not symbolic:
+        raise UsageError("hard links are not supported yet (issue 15); use ln -s for a "
+                         "symbolic link")
+    with connect() as c:
+        info = c.symlink(target, name)
+    if want_json(json_):
+        output.emit_json(info)
+
+
 @command("durable", body=actions.durable)
 def durable(names: NamesArg, json_: JsonOpt = False):
     """Mark allocations durable: they survive client and daemon crashes."""

@@ -116,6 +116,10 @@ def row_cells(entry: dict, cwd: str, device_index: dict, now: float) -> tuple[st
     name = relative(entry["path"], cwd)
     if entry["type"] == "directory":
         return (name + "/", "", "", "", "", "dir", "", "", f"{entry['entries']} entries")
+    if entry["type"] == "symlink":       # metadata only: the target is what there is to show
+        return (f"{name} -> {entry['target']}", "", "", "", "", "link", "", "", "")
+    if entry["type"] != "allocation":    # a FIFO, socket or device node (no memory)
+        return (name, "", "", "", "", entry["type"], "", "", "")
     size = "-" if entry["size"] is None else format_size(entry["size"])
     capacity = "-" if entry["capacity"] is None else format_size(entry["capacity"])
     verified = "-" if entry["ecc"] != "rs" else age(entry.get("verified"), now)

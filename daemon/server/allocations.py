@@ -1,4 +1,5 @@
-"""The handlers of the namespace and data ops: ls, info, create, mkdir, rm, durable, open,
+"""The handlers of the namespace and data ops: ls, info, create, mkdir, symlink, readlink,
+rm, durable, open,
 close, attach, detach, seal, export_dmabuf. Each hands its checked arguments to one
 manager verb and shapes the answer (docs/protocol.md has the table)."""
 from __future__ import annotations
@@ -44,6 +45,15 @@ async def mkdir(call: Call) -> Reply:
     a = call.args
     return call.manager.mkdir(a["path"], call.session.cred, mode=a["mode"],
                               parents=a["parents"]), []
+
+
+async def symlink(call: Call) -> Reply:
+    a = call.args
+    return call.manager.symlink(a["path"], a["target"], call.session.cred), []
+
+
+async def readlink(call: Call) -> Reply:
+    return call.manager.readlink(call.args["path"], call.session.cred), []
 
 
 async def rm(call: Call) -> Reply:

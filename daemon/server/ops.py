@@ -103,6 +103,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
        allocations.create),
     Op("mkdir", (path(), Arg("mode", Kind.INT, DIR_MODE), flag("parents")), allocations.mkdir),
     Op("rm", (path(), flag("recursive"), flag("force")), allocations.rm),
+    # Symbolic links (issue 15): the target is any string of 1-4095 bytes, kept as given.
+    Op("symlink", (path(), Arg("target", Kind.STR, what="the link's target (a string)")),
+       allocations.symlink),
+    Op("readlink", (path(),), allocations.readlink),
     Op("durable", (path(), flag("durable")), allocations.durable),
     Op("open", (path(), OPEN), allocations.open_),
     Op("read", (path(), Arg("offset", Kind.INT, 0, what="a byte offset (an integer)"),

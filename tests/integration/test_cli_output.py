@@ -118,7 +118,8 @@ HUMAN_RUNS = [
     ("scrub", "status"), ("check",), ("metrics",), ("doctor",), ("events", "-n", "1000"),
     ("mkdir", "extra"), ("create", "extra/x", "--size", "1M"), ("write", "extra/x", "IN"),
     ("read", "extra/x", "OUT"), ("durable", "extra/x"), ("transient", "extra/x"),
-    ("revoke", "extra/x"),
+    ("revoke", "extra/x"), ("ln", "-s", "x", "extra/link"), ("ls", "-l", "extra"),
+    ("info", "extra/link"), ("ln", "x", "extra/hard"),
     ("rm", "-r", "extra"), ("top",), ("status",), ("events", "-n", "5"),
 ]
 

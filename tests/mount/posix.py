@@ -225,11 +225,10 @@ def tst_mtime_follows_writes(mnt: str) -> None:
 
 
 def tst_links(mnt: str) -> None:
+    """Hard links are not supported yet (issue 15, hard links: another change)."""
     f = os.path.join(mnt, "target")
     os.close(os.open(f, os.O_CREAT | os.O_WRONLY))
-    expect_errno(errno.ENOTSUP, os.symlink, "target", os.path.join(mnt, "sym"))
     expect_errno(errno.EPERM, os.link, f, os.path.join(mnt, "hard"))
-    expect_errno(errno.EPERM, os.mkfifo, os.path.join(mnt, "fifo"))
     os.unlink(f)
 
 

@@ -11,7 +11,9 @@ import pytest
 
 from tests.harness import MOUNT_BACKEND, Daemon, fuse_missing, make_base_dir
 
-from . import posix
+from . import posix, posix_links
+
+CHECKS = posix.ALL + posix_links.ALL
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def shared_mount(tmp_path_factory):
     assert "Traceback" not in log and " ERROR: " not in log, log[-4000:]
 
 
-@pytest.mark.parametrize("check", posix.ALL, ids=[f.__name__[4:] for f in posix.ALL])
+@pytest.mark.parametrize("check", CHECKS, ids=[f.__name__[4:] for f in CHECKS])
 def test_posix(shared_mount, check):
     check(shared_mount.mnt)
     assert os.listdir(shared_mount.mnt) == []

@@ -49,6 +49,19 @@ def test_cells_holders_and_ages():
     assert model.row_cells(entry("x", 1, ecc="none"), "", {}, now)[-1] == "-"
 
 
+def test_cells_of_links_and_special_files():
+    """A symlink shows its target and type; a FIFO its type (issue 15). Sorting by a column
+    that only allocations have keeps them, as directories' missing values, last."""
+    link = {"type": "symlink", "path": "models/current", "target": "v2"}
+    fifo = {"type": "fifo", "path": "models/pipe"}
+    assert model.row_cells(link, "models", {}, 0) == ("current -> v2", "", "", "", "", "link",
+                                                      "", "", "")
+    assert model.row_cells(fifo, "models", {}, 0)[0::5] == ("pipe", "fifo")
+    rows = model.sorted_entries(ENTRIES + [link, fifo], "size", False, {})
+    assert rows[0]["path"] == "models" and {r["type"] for r in rows[-2:]} == {"symlink",
+                                                                               "fifo"}
+
+
 def test_tui_never_imports_the_daemon():
     code = ("import sys, tui, tui.app; bad = [m for m in sys.modules if m.split('.')[0] in "
             "('daemon', 'cuda', 'pynvml')]; print(bad); sys.exit(1 if bad else 0)")

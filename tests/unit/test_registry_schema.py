@@ -192,3 +192,50 @@ def test_a_durable_allocation_outlives_the_upgrade_to_schema_5(world):
     assert "parity_generation" not in info and "checksum" not in info
     assert m.backend.read(m.lookup("kept", ROOT_CRED).buffer, 0, 8) == b"survives"
     clean(m)
+
+
+def test_the_rebuild_to_schema_8_keeps_ids_damage_and_the_id_mark(tmp_path):
+    """Schema 8 (issue 15) rebuilds `nodes` to widen its `kind` CHECK: every row keeps its
+    id, the `damage` rows that reference a node survive (foreign keys are off while the
+    table is dropped, so ON DELETE CASCADE does not fire), ids reserved past every row stay
+    reserved, and the new kinds are accepted."""
+    path = str(tmp_path / "old.sqlite")
+    write_v1_registry(path)
+    Registry(path).close()                        # to the current version ...
+    db = sqlite3.connect(path)                    # ... and back to 7's nodes table
+    db.execute("PRAGMA foreign_keys=OFF")
+    db.execute("PRAGMA legacy_alter_table=ON")      # `damage` keeps naming `nodes`
+    db.execute("INSERT INTO damage VALUES (2, 5, 99)")
+    db.execute("UPDATE sqlite_sequence SET seq = 500 WHERE name = 'nodes'")
+    db.execute("ALTER TABLE nodes RENAME TO v8_nodes")
+    db.execute(V1_SCHEMA[V1_SCHEMA.index("CREATE TABLE nodes"):V1_SCHEMA.index(
+        "CREATE TABLE holders")].replace("parity_gen  INTEGER,\n    checksum    TEXT,\n", "")
+        .replace("    UNIQUE", "    unsealed INTEGER NOT NULL DEFAULT 0, verified_ns INTEGER,"
+                 " accessed_ns INTEGER,\n    UNIQUE"))
+    db.execute("INSERT INTO nodes SELECT id, parent, name, kind, uid, gid, mode, created_ns,"
+               " modified_ns, changed_ns, size, capacity, device, durable, state, ecc,"
+               " unsealed, verified_ns, accessed_ns FROM v8_nodes")
+    db.execute("DROP TABLE v8_nodes")
+    db.execute("UPDATE sqlite_sequence SET seq = 500 WHERE name = 'nodes'")
+    db.execute("PRAGMA user_version=7")
+    db.commit()
+    assert db.execute("SELECT count(*) FROM damage").fetchone()[0] == 1
+    db.close()
+    reg = Registry(path)
+    try:
+        assert reg.version() == SCHEMA_VERSION
+        assert [r["id"] for r in reg.load_nodes()] == [ROOT_ID, 2]
+        assert reg.damage() == {2: {5}}
+        assert reg.next_node_id() == 501
+        with reg.transaction(durable=False):
+            reg.insert_node(id=501, parent=ROOT_ID, name="l", kind="symlink", uid=0, gid=0,
+                            mode=0o777, created_ns=0, modified_ns=0, changed_ns=0,
+                            target="weights")
+            reg.insert_node(id=502, parent=ROOT_ID, name="p", kind="fifo", uid=0, gid=0,
+                            mode=0o600, created_ns=0, modified_ns=0, changed_ns=0, rdev=0)
+        assert reg.integrity_errors() == []
+    finally:
+        reg.close()
+    fresh = str(tmp_path / "fresh.sqlite")
+    Registry(fresh).close()
+    assert schema_of(path) == schema_of(fresh)

@@ -10,7 +10,7 @@ from gpumemctl.protocol import format_size
 from gpumemctl.protocol.escape import escape
 
 # Shown first, in this order; the rest follow sorted, as `info` prints them.
-FIRST = ("path", "type", "state", "size", "capacity", "device", "durable", "ecc",
+FIRST = ("path", "type", "target", "state", "size", "capacity", "device", "durable", "ecc",
          "verified", "holders", "refcount", "damaged")
 
 
