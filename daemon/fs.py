@@ -54,9 +54,10 @@ from gpumemctl.protocol import (
     name_from_bytes,
 )
 
-from . import offload, xattrs
+from . import fs_cache, offload, xattrs
 from .describe import describe
 from .errno_map import errno_for
+from .fs_cache import DATA, Invalidation, PageCache
 from .manager import AllocationManager
 from .nodes import Allocation, Directory, Node
 from .permissions import Credentials, R, W, require, supplementary_groups
@@ -180,6 +181,9 @@ DirSnapshot = list[tuple[str, Node, bool]]
 
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = False
+    # Write-through, not write-back: each write(2) reaches the device memory before it
+    # returns, and the daemon, not the kernel, owns sizes and times, so that a change made
+    # through the socket shows in the mount at once (docs/mount.md, "Consistency").
     enable_writeback_cache = False
 
     def __init__(self, manager: AllocationManager, session: Session):
@@ -191,7 +195,8 @@ class Operations(pyfuse3.Operations):
         self._lookups: dict[int, int] = {}         # inode -> the kernel's lookup count
         self._known: dict[int, Node] = {}          # inode -> node, while the kernel has it
         self._own_request = False
-        self._stale: list[tuple[int, bytes | None]] = []    # (inode, name or None): settle()
+        self._stale: list[Invalidation] = []      # delivered by settle()
+        self.page_cache = PageCache()             # what the kernel's pages hold, per inode
         self.mounted = False
 
     # =====================================================================================
@@ -303,10 +308,16 @@ class Operations(pyfuse3.Operations):
         if self.mounted and not self._own_request and node_id in self._known:
             self._stale.append((node_id, None))
 
+    def data_changed(self, node_id: int) -> None:
+        """Bytes or size changed by another path: the kernel's pages of the file go too
+        (daemon/fs_cache.py). The mount's own truncates are the kernel's to apply."""
+        if self.mounted and not self._own_request and node_id in self._known:
+            self._stale.append((node_id, DATA))
+
     async def settle(self) -> None:
         if self._stale and self.mounted:
             batch, self._stale = self._stale, []
-            await trio.to_thread.run_sync(_invalidate, batch)
+            await trio.to_thread.run_sync(fs_cache.invalidate, batch)
 
     # =====================================================================================
     # lookup and attributes
@@ -331,6 +342,7 @@ class Operations(pyfuse3.Operations):
             else:
                 self._lookups.pop(inode, None)
                 self._known.pop(inode, None)
+                self.page_cache.forget(inode)
 
     @handler
     def getattr(self, inode, ctx):
@@ -345,6 +357,8 @@ class Operations(pyfuse3.Operations):
         if self._is_meta(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         cred, node = credentials(ctx), self._node(inode)
+        if self._kills_setid_of_unlinked(node, attr, fields):
+            return self._attrs(node)
         if fields.update_size:
             self.m.resize(self._alloc(inode), cred, attr.st_size, session=self.session,
                           authorised=True)
@@ -364,6 +378,17 @@ class Operations(pyfuse3.Operations):
         if changes:
             self.m.setattr(node.id, cred, authorised=True, **changes)
         return self._attrs(node)
+
+    def _kills_setid_of_unlinked(self, node: Node, attr, fields) -> bool:
+        """The kernel clears the set-id bits before a page-cache write by a process without
+        CAP_FSETID, with a setattr of the mode alone. An unlinked file has no row left to
+        store it in; the write itself must still go on."""
+        only_mode = fields.update_mode and not (
+            fields.update_size or fields.update_uid or fields.update_gid or
+            fields.update_mtime or fields.update_atime)
+        setid = stat.S_ISUID | stat.S_ISGID
+        return bool(only_mode) and self.m.node_or_none(node.id) is not node and \
+            stat.S_IMODE(attr.st_mode) | setid == stat.S_IMODE(node.mode) | setid
 
     # =====================================================================================
     # namespace
@@ -391,7 +416,7 @@ class Operations(pyfuse3.Operations):
             fh = self._add_fh(FileHandle(
                 self.m.open_mount(alloc, cred, self.session, _writable(flags)), cred))
         self._remember(alloc)
-        return self._file_info(fh), self._attrs(alloc)
+        return self._alloc_info(fh, alloc), self._attrs(alloc)
 
     def _existing_for_create(self, parent_inode: int, name: str, cred: Credentials,
                              flags: int) -> Allocation:
@@ -452,9 +477,11 @@ class Operations(pyfuse3.Operations):
     # =====================================================================================
     # files
     # =====================================================================================
-    @staticmethod
-    def _file_info(fh: int) -> pyfuse3.FileInfo:
-        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+    def _alloc_info(self, fh: int, alloc: Allocation) -> pyfuse3.FileInfo:
+        """An allocation opened through the page cache: the kernel keeps the pages it has
+        only if nothing changed them since it filled them (daemon/fs_cache.py)."""
+        keep = self.page_cache.keep(alloc.id, self.m.cache_generation(alloc))
+        return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
 
     @handler
     def open(self, inode, flags, ctx):
@@ -462,8 +489,11 @@ class Operations(pyfuse3.Operations):
             if _writable(flags):
                 raise pyfuse3.FUSEError(errno.EROFS)
             node = self._meta_node(inode)
-            return self._file_info(self._add_fh(MetaHandle(self._meta_text(node))))
-        return self._file_info(self._open_file(self._alloc(inode), credentials(ctx), flags))
+            # Direct I/O: the text is made per open, and st_size is that of another one.
+            return pyfuse3.FileInfo(fh=self._add_fh(MetaHandle(self._meta_text(node))),
+                                    direct_io=True, keep_cache=False)
+        alloc = self._alloc(inode)
+        return self._alloc_info(self._open_file(alloc, credentials(ctx), flags), alloc)
 
     def _open_file(self, alloc: Allocation, cred: Credentials, flags: int) -> int:
         """Open an allocation; O_TRUNC truncates it first. libfuse 3 asks the kernel for
@@ -473,7 +503,19 @@ class Operations(pyfuse3.Operations):
             self.m.truncate_on_open(alloc, cred, self.session)
             self._drop_setid(alloc, cred)
         holder = self.m.open_mount(alloc, cred, self.session, _writable(flags))
+        if flags & os.O_ACCMODE != os.O_WRONLY:
+            self._note_read(alloc)
         return self._add_fh(FileHandle(holder, cred))
+
+    def _note_read(self, alloc: Allocation) -> None:
+        """Access time, by relatime, at an open for reading: reads served from the page
+        cache never reach the daemon. The kernel caches atime with the other attributes
+        (its own read requests drop it, an open does not), so it is told here, at once:
+        dropping attributes takes no lock the kernel could hold on this open."""
+        before = alloc.accessed_ns
+        self.m.note_access(alloc)
+        if alloc.accessed_ns != before:
+            fs_cache.invalidate([(alloc.id, None)])
 
     def _drop_setid(self, node: Node, cred: Credentials, handle: FileHandle | None = None
                     ) -> None:
@@ -498,7 +540,7 @@ class Operations(pyfuse3.Operations):
         handle = self._file(fh)
         if isinstance(handle, MetaHandle):
             return handle.text[off:off + size]
-        self.m.note_access(handle.alloc)
+        self.m.note_access(handle.alloc)     # also at open (_note_read): for a file kept open
         return self.m.view_at(handle.alloc, off, size)
 
     @handler
@@ -643,19 +685,6 @@ class Operations(pyfuse3.Operations):
         if short != "durable":
             raise pyfuse3.FUSEError(errno.EPERM)
         self.m.set_durable_node(node, credentials(ctx), False)
-
-
-def _invalidate(batch: list[tuple[int, bytes | None]]) -> None:
-    """Tell the kernel to forget cached entries (name given) or attributes (name None)."""
-    for inode, name in batch:
-        try:
-            if name is None:
-                pyfuse3.invalidate_inode(inode, attr_only=True)
-            else:
-                pyfuse3.invalidate_entry(inode, name)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:      # ENOENT: nothing was cached
-                log.warning("cannot invalidate inode %d %r: %s", inode, name, exc)
 
 
 def _writable(flags: int) -> bool:
