@@ -7,11 +7,13 @@ the kernel's request into one manager call and the answer back. Protocol errors 
 with its traceback and answered EIO, so a bug fails one request and never the mount.
 
 Choices a user can observe (docs/mount.md says more):
-- Files are opened with direct I/O: reads and writes go to the device memory, never through
-  the page cache. The memory can change under the kernel (a client attached through the
-  socket writes it), and caching GPU memory in host RAM would double its footprint.
-  Consequence: shared mmap(2) of a file on the mount fails (ENODEV); map the memory with
-  `gpumemctl.Client.attach` instead. Private (copy-on-write) mappings work.
+- Files go through the kernel's page cache, write-through (no writeback cache: the daemon
+  owns sizes and times, and a write is in device memory when write(2) returns), so shared
+  mmap(2) works. When another path changes an allocation's bytes or size (a socket writer's
+  close, a detach or seal, a repair), the manager's watchers drop the file's cached pages
+  before that request is answered, and an open keeps the kernel's pages only if the data
+  generation is the one they were filled at (daemon/fs_cache.py; docs/mount.md,
+  "Consistency", has the rules).
 - The kernel enforces permissions (default_permissions); the manager checks them again with
   the same rules, except where the kernel's check is the only right one (setattr, I/O on an
   open handle).
@@ -26,10 +28,11 @@ Choices a user can observe (docs/mount.md says more):
   in the open, not as a setattr), as does a create that finds the name taken meanwhile.
 - Set-id bits: a write or truncate by a process without CAP_FSETID clears them. The kernel
   does it for truncate(2) (the new mode rides on its setattr), not for O_TRUNC (atomic: no
-  setattr) nor for direct I/O writes (it flags the write request, which pyfuse3's write()
-  never sees, with no process named): _drop_setid does those, a write by the rights of the
-  process that opened the file.
-- Access times are stored; reads and listings move them by the relatime rule.
+  setattr): _drop_setid does it. For a write the kernel clears them itself (page-cache
+  writes go through its file_remove_privs, a setattr of the mode); _drop_setid at a write
+  stays as a second line, by the rights of the process that opened the file.
+- Access times are stored; opens for reading, reads and listings move them by the relatime
+  rule (reads from the page cache never reach the daemon).
 - A size larger than any device could hold is EFBIG; one that does not fit now, ENOSPC.
 - Every listing starts with "." and ".." (the root's ".." is the root).
 """
