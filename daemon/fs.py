@@ -7,11 +7,13 @@ the kernel's request into one manager call and the answer back. Protocol errors 
 with its traceback and answered EIO, so a bug fails one request and never the mount.
 
 Choices a user can observe (docs/mount.md says more):
-- Files are opened with direct I/O: reads and writes go to the device memory, never through
-  the page cache. The memory can change under the kernel (a client attached through the
-  socket writes it), and caching GPU memory in host RAM would double its footprint.
-  Consequence: shared mmap(2) of a file on the mount fails (ENODEV); map the memory with
-  `gpumemctl.Client.attach` instead. Private (copy-on-write) mappings work.
+- Files go through the kernel's page cache, write-through (no writeback cache: the daemon
+  owns sizes and times, and a write is in device memory when write(2) returns), so shared
+  mmap(2) works. When another path changes an allocation's bytes or size (a socket writer's
+  close, a detach or seal, a repair), the manager's watchers drop the file's cached pages
+  before that request is answered, and an open keeps the kernel's pages only if the data
+  generation is the one they were filled at (daemon/fs_cache.py; docs/mount.md,
+  "Consistency", has the rules).
 - The kernel enforces permissions (default_permissions); the manager checks them again with
   the same rules, except where the kernel's check is the only right one (setattr, I/O on an
   open handle).
@@ -33,10 +35,11 @@ Choices a user can observe (docs/mount.md says more):
   in the open, not as a setattr), as does a create that finds the name taken meanwhile.
 - Set-id bits: a write or truncate by a process without CAP_FSETID clears them. The kernel
   does it for truncate(2) (the new mode rides on its setattr), not for O_TRUNC (atomic: no
-  setattr) nor for direct I/O writes (it flags the write request, which pyfuse3's write()
-  never sees, with no process named): _drop_setid does those, a write by the rights of the
-  process that opened the file.
-- Access times are stored; reads and listings move them by the relatime rule.
+  setattr): _drop_setid does it. For a write the kernel clears them itself (page-cache
+  writes go through its file_remove_privs, a setattr of the mode); _drop_setid at a write
+  stays as a second line, by the rights of the process that opened the file.
+- Access times are stored; opens for reading, reads and listings move them by the relatime
+  rule (reads from the page cache never reach the daemon).
 - A size larger than any device could hold is EFBIG; one that does not fit now, ENOSPC.
 - Every listing starts with "." and ".." (the root's ".." is the root).
 """
@@ -61,9 +64,10 @@ from gpumemctl.protocol import (
     name_from_bytes,
 )
 
-from . import offload, xattrs
+from . import fs_cache, offload, xattrs
 from .describe import describe
 from .errno_map import errno_for
+from .fs_cache import DATA, Invalidation, PageCache
 from .manager import AllocationManager
 from .nodes import Allocation, Directory, Node, Special, Symlink
 from .permissions import Credentials, R, W, require, supplementary_groups
@@ -187,6 +191,9 @@ DirSnapshot = list[tuple[str, Node, bool]]
 
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = False
+    # Write-through, not write-back: each write(2) reaches the device memory before it
+    # returns, and the daemon, not the kernel, owns sizes and times, so that a change made
+    # through the socket shows in the mount at once (docs/mount.md, "Consistency").
     enable_writeback_cache = False
 
     def __init__(self, manager: AllocationManager, session: Session):
@@ -198,7 +205,8 @@ class Operations(pyfuse3.Operations):
         self._lookups: dict[int, int] = {}         # inode -> the kernel's lookup count
         self._known: dict[int, Node] = {}          # inode -> node, while the kernel has it
         self._own_request = False
-        self._stale: list[tuple[int, bytes | None]] = []    # (inode, name or None): settle()
+        self._stale: list[Invalidation] = []      # delivered by settle()
+        self.page_cache = PageCache()             # what the kernel's pages hold, per inode
         self.mounted = False
 
     # =====================================================================================
@@ -317,10 +325,16 @@ class Operations(pyfuse3.Operations):
         if self.mounted and not self._own_request and node_id in self._known:
             self._stale.append((node_id, None))
 
+    def data_changed(self, node_id: int) -> None:
+        """Bytes or size changed by another path: the kernel's pages of the file go too
+        (daemon/fs_cache.py). The mount's own truncates are the kernel's to apply."""
+        if self.mounted and not self._own_request and node_id in self._known:
+            self._stale.append((node_id, DATA))
+
     async def settle(self) -> None:
         if self._stale and self.mounted:
             batch, self._stale = self._stale, []
-            await trio.to_thread.run_sync(_invalidate, batch)
+            await trio.to_thread.run_sync(fs_cache.invalidate, batch)
 
     # =====================================================================================
     # lookup and attributes
@@ -345,6 +359,7 @@ class Operations(pyfuse3.Operations):
             else:
                 self._lookups.pop(inode, None)
                 self._known.pop(inode, None)
+                self.page_cache.forget(inode)
 
     @handler
     def getattr(self, inode, ctx):
@@ -359,6 +374,8 @@ class Operations(pyfuse3.Operations):
         if self._is_meta(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         cred, node = credentials(ctx), self._node(inode)
+        if self._kills_setid_of_unlinked(node, attr, fields):
+            return self._attrs(node)
         if fields.update_size:
             self.m.resize(self._alloc(inode), cred, attr.st_size, session=self.session,
                           authorised=True)
@@ -378,6 +395,17 @@ class Operations(pyfuse3.Operations):
         if changes:
             self.m.setattr(node.id, cred, authorised=True, **changes)
         return self._attrs(node)
+
+    def _kills_setid_of_unlinked(self, node: Node, attr, fields) -> bool:
+        """The kernel clears the set-id bits before a page-cache write by a process without
+        CAP_FSETID, with a setattr of the mode alone. An unlinked file has no row left to
+        store it in; the write itself must still go on."""
+        only_mode = fields.update_mode and not (
+            fields.update_size or fields.update_uid or fields.update_gid or
+            fields.update_mtime or fields.update_atime)
+        setid = stat.S_ISUID | stat.S_ISGID
+        return bool(only_mode) and self.m.node_or_none(node.id) is not node and \
+            stat.S_IMODE(attr.st_mode) | setid == stat.S_IMODE(node.mode) | setid
 
     # =====================================================================================
     # namespace
@@ -405,7 +433,7 @@ class Operations(pyfuse3.Operations):
             fh = self._add_fh(FileHandle(
                 self.m.open_mount(alloc, cred, self.session, _writable(flags)), cred))
         self._remember(alloc)
-        return self._file_info(fh), self._attrs(alloc)
+        return self._alloc_info(fh, alloc), self._attrs(alloc)
 
     def _existing_for_create(self, parent_inode: int, name: str, cred: Credentials,
                              flags: int) -> Allocation:
@@ -481,9 +509,11 @@ class Operations(pyfuse3.Operations):
     # =====================================================================================
     # files
     # =====================================================================================
-    @staticmethod
-    def _file_info(fh: int) -> pyfuse3.FileInfo:
-        return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+    def _alloc_info(self, fh: int, alloc: Allocation) -> pyfuse3.FileInfo:
+        """An allocation opened through the page cache: the kernel keeps the pages it has
+        only if nothing changed them since it filled them (daemon/fs_cache.py)."""
+        keep = self.page_cache.keep(alloc.id, self.m.cache_generation(alloc))
+        return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
 
     @handler
     def open(self, inode, flags, ctx):
@@ -491,8 +521,11 @@ class Operations(pyfuse3.Operations):
             if _writable(flags):
                 raise pyfuse3.FUSEError(errno.EROFS)
             node = self._meta_node(inode)
-            return self._file_info(self._add_fh(MetaHandle(self._meta_text(node))))
-        return self._file_info(self._open_file(self._alloc(inode), credentials(ctx), flags))
+            # Direct I/O: the text is made per open, and st_size is that of another one.
+            return pyfuse3.FileInfo(fh=self._add_fh(MetaHandle(self._meta_text(node))),
+                                    direct_io=True, keep_cache=False)
+        alloc = self._alloc(inode)
+        return self._alloc_info(self._open_file(alloc, credentials(ctx), flags), alloc)
 
     def _open_file(self, alloc: Allocation, cred: Credentials, flags: int) -> int:
         """Open an allocation; O_TRUNC truncates it first. libfuse 3 asks the kernel for
@@ -502,7 +535,19 @@ class Operations(pyfuse3.Operations):
             self.m.truncate_on_open(alloc, cred, self.session)
             self._drop_setid(alloc, cred)
         holder = self.m.open_mount(alloc, cred, self.session, _writable(flags))
+        if flags & os.O_ACCMODE != os.O_WRONLY:
+            self._note_read(alloc)
         return self._add_fh(FileHandle(holder, cred))
+
+    def _note_read(self, alloc: Allocation) -> None:
+        """Access time, by relatime, at an open for reading: reads served from the page
+        cache never reach the daemon. The kernel caches atime with the other attributes
+        (its own read requests drop it, an open does not), so it is told here, at once:
+        dropping attributes takes no lock the kernel could hold on this open."""
+        before = alloc.accessed_ns
+        self.m.note_access(alloc)
+        if alloc.accessed_ns != before:
+            fs_cache.invalidate([(alloc.id, None)])
 
     def _drop_setid(self, node: Node, cred: Credentials, handle: FileHandle | None = None
                     ) -> None:
@@ -527,7 +572,7 @@ class Operations(pyfuse3.Operations):
         handle = self._file(fh)
         if isinstance(handle, MetaHandle):
             return handle.text[off:off + size]
-        self.m.note_access(handle.alloc)
+        self.m.note_access(handle.alloc)     # also at open (_note_read): for a file kept open
         return self.m.view_at(handle.alloc, off, size)
 
     @handler
@@ -672,19 +717,6 @@ class Operations(pyfuse3.Operations):
         if short != "durable":
             raise pyfuse3.FUSEError(errno.EPERM)
         self.m.set_durable_node(node, credentials(ctx), False)
-
-
-def _invalidate(batch: list[tuple[int, bytes | None]]) -> None:
-    """Tell the kernel to forget cached entries (name given) or attributes (name None)."""
-    for inode, name in batch:
-        try:
-            if name is None:
-                pyfuse3.invalidate_inode(inode, attr_only=True)
-            else:
-                pyfuse3.invalidate_entry(inode, name)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:      # ENOENT: nothing was cached
-                log.warning("cannot invalidate inode %d %r: %s", inode, name, exc)
 
 
 def _writable(flags: int) -> bool:

@@ -24,7 +24,7 @@ from .holders import ATTACH_KINDS, HANDLE_KINDS, IO_KINDS, MOUNT_KINDS, Holders
 from .integrity import Integrity, ParityJob
 from .journal import Journal
 from .namespace import DAEMON, NOW, SEALED, Namespace
-from .nodes import Allocation, Holder
+from .nodes import WRITER_KINDS, Allocation, Holder
 from .permissions import Credentials, R, W, allowed, require
 from .registry import Registry
 from .sessions import Session
@@ -139,6 +139,7 @@ class HandleVerbs:
         alloc = holder.alloc
         if holder.kind == "attach-w" and not alloc.unlinked:
             self._seal(alloc, session.cred, "detach", parity if planned else None)
+            self.ns.data_changed(alloc)
         self._remove_holder(holder)
         return describe(alloc)
 
@@ -154,6 +155,7 @@ class HandleVerbs:
         writer is gone (it crashed: the allocation stays unsealed until then)."""
         alloc = self._sealable(path, cred, session)
         self._seal(alloc, cred, "seal", parity if planned else None)
+        self.ns.data_changed(alloc)           # what the writer wrote is what readers get now
         return describe(alloc, holders=True)
 
     def _sealable(self, path: str, cred: Credentials, session: Session) -> Allocation:
@@ -216,6 +218,7 @@ class HandleVerbs:
         alloc = holder.alloc
         if holder.kind == "write" and not alloc.unlinked:
             self.integrity.finish(parity if planned else self.integrity.job_all(alloc))
+            self.ns.data_changed(alloc)       # written through its fd: the mount's cache goes
             if written:
                 with self.journal.change(durable=False):
                     alloc.modified_ns = alloc.changed_ns = time.time_ns()
@@ -300,6 +303,8 @@ class HandleVerbs:
             if holder.kind == "write" and not alloc.unlinked:
                 self.integrity.finish(planned[holder.id] if holder.id in planned
                                       else self.integrity.job_all(alloc))
+            if holder.kind in WRITER_KINDS and not alloc.unlinked:
+                self.ns.data_changed(alloc)   # whatever it wrote before it went
             if holder.kind == "attach-w" and alloc.unsealed and not alloc.unlinked:
                 with self.journal.change(durable=False):
                     self.journal.event("unsealed", alloc, session.cred, reason="the attached "

@@ -460,7 +460,11 @@ class AllocationManager(HandleVerbs, Queries):
         capacity): whatever a grow exposes is zeroed here, so it reads as zeros."""
         if not authorised:
             require(alloc, cred, W)
-        return self._resize(alloc, cred, size, session)
+        before = alloc.size, alloc.capacity
+        self._resize(alloc, cred, size, session)
+        if (alloc.size, alloc.capacity) != before:
+            self.ns.data_changed(alloc)      # a cache of its pages must follow the new size
+        return alloc
 
     def _resize(self, alloc: Allocation, cred: Credentials, size: int,
                 session: Session | None, *, capacity: int | None = None) -> Allocation:
@@ -620,7 +624,10 @@ class AllocationManager(HandleVerbs, Queries):
                                    "daemon's user only")
         alloc = self.ns.lookup_allocation(path, cred)
         self.custody.require_memory(alloc)
-        return self.integrity.corrupt(alloc, cred, offset, length, pattern, parity)
+        result = self.integrity.corrupt(alloc, cred, offset, length, pattern, parity)
+        if not parity:
+            self.ns.data_changed(alloc)      # the mount reads the damage, as the socket does
+        return result
 
 
 __all__ = ["DAEMON", "NOW", "RELATIME_NS", "AllocationManager", "Prepared"]

@@ -88,8 +88,14 @@ class Namespace:
         self.max_names_per_uid: int | None = None      # config max_names_per_uid
         self.root: Directory = None  # type: ignore[assignment]  # set by load()
         # Told of changes the kernel may have cached (daemon/fs.py invalidates its dentries
-        # and attributes): watcher.entry_changed(parent_id, name), attrs_changed(node_id).
+        # and attributes): watcher.entry_changed(parent_id, name), attrs_changed(node_id),
+        # data_changed(node_id).
         self.watchers: list = []
+        # Data generations: node id -> the value of _data_clock at its last data change made
+        # other than through the mount's own writes (data_changed). One clock for all, so a
+        # generation is never given twice, even to an allocation whose entry was dropped.
+        self.generations: dict[int, int] = {}
+        self._data_clock = 0
         self._next_id = 0           # the next id to give (load(); reserve_ids)
         # Paths through symbolic links, for the socket API (daemon/links.py); its mount
         # point is set by the composition root (daemon/main.py).
@@ -297,8 +303,21 @@ class Namespace:
         for watcher in self.watchers:
             watcher.attrs_changed(node.id)
 
+    def data_changed(self, node: Node) -> None:
+        """An allocation's bytes or size changed by another path than the mount's own writes
+        (a socket writer's close, a detach or seal, a resize, a repair): its data generation
+        moves on, and the watchers drop what the kernel caches of its contents."""
+        self._data_clock += 1
+        self.generations[node.id] = self._data_clock
+        for watcher in self.watchers:
+            watcher.data_changed(node.id)
+
+    def data_generation(self, node: Node) -> int:
+        return self.generations.get(node.id, 0)
+
     def forget(self, node: Node) -> None:
         """Remove a node's row and its place in the tree (memory is the caller's concern)."""
+        self.generations.pop(node.id, None)
         self.registry.delete_node(node.id)
         self._unlink(node)
 
@@ -623,7 +642,8 @@ class Namespace:
 
     def add_watcher(self, watcher) -> None:
         """A watcher of what the kernel may cache (daemon/fs.py): told entry_changed(
-        parent_id, name) and attrs_changed(node_id), and settled after each request."""
+        parent_id, name), attrs_changed(node_id) and data_changed(node_id), and settled
+        after each request."""
         self.watchers.append(watcher)
 
     def remove_watcher(self, watcher) -> None:

@@ -14,7 +14,7 @@ from .holders import Holders
 from .integrity import Integrity
 from .journal import Journal
 from .namespace import Namespace
-from .nodes import Allocation, Node
+from .nodes import WRITER_KINDS, Allocation, Node
 from .permissions import Credentials
 from .quotas import Quotas
 from .registry import Registry
@@ -47,8 +47,21 @@ class Queries:
         return self.ns.ecc_targets(paths, cred, everything)
 
     def verify_steps(self, alloc: Allocation, repair: bool, first_block: int = 0):
-        """Integrity.verify_steps: a generator that yields after each piece."""
-        return self.integrity.verify_steps(alloc, repair, first_block)
+        """Integrity.verify_steps: a generator that yields after each piece. A repair
+        rewrites bytes, so a cache of the old ones (the mount's pages) is dropped."""
+        total = yield from self.integrity.verify_steps(alloc, repair, first_block)
+        if total.get("corrected") and not alloc.unlinked:
+            self.ns.data_changed(alloc)
+        return total
+
+    def cache_generation(self, alloc: Allocation) -> int | None:
+        """What a cache of the allocation's bytes (the mount's page cache) may be kept
+        for: its data generation, which moves at every change made other than through the
+        mount (Namespace.data_changed); None while a socket client holds it for writing
+        (open rw, attach rw), whose writes land in the memory unannounced."""
+        if alloc.holders_of(*WRITER_KINDS):
+            return None
+        return self.ns.data_generation(alloc)
 
     # ---- the keeper ---------------------------------------------------------------------
     def reconcile_keeper(self) -> tuple[int, int]:

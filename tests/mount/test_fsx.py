@@ -4,7 +4,10 @@ in-memory model.
 A Hypothesis RuleBasedStateMachine drives create (O_CREAT|O_EXCL), write at any offset (past
 the end too: the hole must read as zeros), O_APPEND writes, truncate and ftruncate (grow and
 shrink), rename (over an existing file, into and out of subdirectories), unlink, reads of
-random ranges and whole-file compares with st_size, on a small set of names so that
+random ranges and whole-file compares with st_size, reads of a shared read-only mapping, and
+stores into a shared read-write mapping made durable by msync(MS_SYNC), munmap alone, close(2)
+before the munmap, or fsync, then read back with read(2) and through the socket API (the
+device memory itself: docs/mount.md, "Consistency", rule 2), on a small set of names so that
 collisions and renames over existing files are frequent. A pool of descriptors stays open
 across steps: I/O goes through them too, including after their file was unlinked or
 replaced by a rename (the memory must live until the last close).
@@ -17,14 +20,16 @@ Writes go up to ~3 MiB and files up to 8 MiB, so allocations cross the 2 MiB gra
 and are reallocated by write growth, truncation and the trim at the last writer's close.
 After each example every file is removed and the daemon must give all its memory back.
 
-One daemon (the `mounted` fixture) serves all examples of the test: about 5,000 operations
-in 10-15 s, derandomized so CI runs the same sequence every time. Shrinking is off
+One daemon (the `mounted` fixture) serves all examples of the test: about 21,000 operations
+(about 1,300 of them on mappings) in 50-60 s on a 2-core VM, derandomized so CI runs the same
+sequence every time. Shrinking is off
 (a failure is reported as its full step sequence); GPUMEMCTL_TEST_SHRINK=1 turns it on.
 """
 from __future__ import annotations
 
 import collections
 import errno
+import mmap
 import os
 import random
 import stat
@@ -57,9 +62,9 @@ BOUNDARIES = (0, 1, 4095, 4096, 4097, MiB - 1, MiB, MiB + 1, GRANULE - 1, GRANUL
 
 # Hypothesis ends some examples early (its mutator replays short prefixes; how many depends
 # on its version: 60 examples of up to 100 steps made 5,008 operations with one, 4,026 with
-# another), so 90 examples leave room for the 5,000 operations.
-EXAMPLES, STEPS = 90, 100
-OPERATIONS = 5000
+# another; 120 of up to 200 made 21,202 with hypothesis 6.170), so the count has some room.
+EXAMPLES, STEPS = 120, 200
+OPERATIONS = 20000
 
 LENGTHS = st.one_of(
     st.integers(0, 8 * KiB),
@@ -502,6 +507,102 @@ def make_machine(mnt: str, client, stats: collections.Counter):
             self._check_whole(f.fd, f.inode, os.fstat(f.fd).st_size, f"compare_fd {f}")
             self._note_io("compare_fd", f.inode)
 
+        # ---- shared mappings (docs/mount.md, "Consistency", rule 2) ---------------------
+        def _map_target(self, data, writable: bool):
+            """A file to map: by name (opened here) or a pooled descriptor (its file may be
+            unlinked or replaced); (fd, inode, what, whether the fd is ours to close)."""
+            pool = [f for f in self.fds if f.writable or not writable]
+            if pool and data.draw(st.booleans(), label="pooled fd"):
+                f = data.draw(st.sampled_from(pool), label="fd")
+                return f.fd, f.inode, repr(f), False
+            name = self._draw_name(data)
+            if name not in self.names:
+                with pytest.raises(FileNotFoundError):
+                    os.open(self.path(name), os.O_RDWR if writable else os.O_RDONLY)
+                return None
+            fd = os.open(self.path(name), os.O_RDWR if writable else os.O_RDONLY)
+            return fd, self.names[name], repr(name), True
+
+        def _draw_range(self, data, size: int) -> tuple[int, int]:
+            offset = data.draw(st.one_of(st.integers(0, size - 1), st.sampled_from(
+                [b for b in BOUNDARIES if b < size] or [0])), label="map offset")
+            length = data.draw(LENGTHS, label="map length")
+            return offset, max(1, min(length, size - offset))
+
+        @precondition(lambda self: self.names or self.fds)
+        @rule(data=st.data())
+        def mmap_read(self, data):
+            """A range of a shared read-only mapping (the page cache's, or fresh pages)
+            against the model."""
+            target = self._map_target(data, writable=False)
+            if target is None:
+                return
+            fd, inode, what, ours = target
+            try:
+                size = len(inode.data)
+                if size == 0:
+                    return                       # an empty file cannot be mapped
+                offset, length = self._draw_range(data, size)
+                with mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+                    got = m[offset:offset + length]
+                want = bytes(inode.data[offset:offset + length])
+                assert got == want, (f"mmap_read {what}: [{offset}:{offset + length}] of "
+                                     f"{inode}: " + first_difference(got, want))
+            finally:
+                if ours:
+                    os.close(fd)
+            self._note_io("mmap_read", inode)
+
+        @precondition(lambda self: self.names or any(f.writable for f in self.fds))
+        @rule(data=st.data(), seed=SEEDS,
+              sync=st.sampled_from(["msync", "munmap", "close then munmap", "fsync"]))
+        def mmap_write(self, data, seed, sync):
+            """Stores into a shared mapping, then made durable by msync(MS_SYNC), munmap
+            alone, close(2) of the descriptor before the munmap, or fsync; then read back
+            through another descriptor and (for a named file) through the socket API."""
+            target = self._map_target(data, writable=True)
+            if target is None:
+                return
+            fd, inode, what, ours = target
+            try:
+                size = len(inode.data)
+                if size == 0:
+                    return
+                offset, length = self._draw_range(data, size)
+                chunk = payload(seed, length)
+                m = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                m[offset:offset + length] = chunk
+                inode.write(offset, chunk)
+                if sync == "msync":
+                    m.flush()
+                elif sync == "fsync":
+                    os.fsync(fd)
+                elif sync == "close then munmap" and ours:
+                    os.close(fd)
+                    ours = False
+                m.close()
+                stats["mmap_write: " + sync] += 1
+            finally:
+                if ours:
+                    os.close(fd)
+            self._check_elsewhere(inode, offset, length, f"mmap_write {what} ({sync})")
+            self._note_io("mmap_write", inode)
+
+        def _check_elsewhere(self, inode: Inode, offset: int, length: int, what: str) -> None:
+            """The stores as a new read(2) of the file sees them, and as the socket API
+            does (the device memory itself) where the file still has a name."""
+            name = next((n for n, i in self.names.items() if i is inode), None)
+            want = bytes(inode.data[offset:offset + length])
+            if name is not None:
+                got = client.read(name, offset, length)
+                assert got == want, f"{what}: socket read: " + first_difference(got, want)
+                stats["mmap_write checked through the socket"] += 1
+                fd = os.open(self.path(name), os.O_RDONLY)
+                try:
+                    self._check_read(fd, inode, offset, length, what + " (read(2))")
+                finally:
+                    os.close(fd)
+
         # ---- whole-namespace checks -----------------------------------------------------
         @rule()
         def check_listing(self):
@@ -565,5 +666,8 @@ def test_fsx(mounted):
                  "truncate shrink", "rename over an existing file", "rename across directories",
                  "rename over an open file", "unlink of an open file",
                  "read_fd on unlinked file", "write_fd on unlinked file",
-                 "compare_fd on unlinked file", "append", "ftruncate"):
+                 "compare_fd on unlinked file", "append", "ftruncate", "mmap_read",
+                 "mmap_read on unlinked file", "mmap_write on unlinked file",
+                 "mmap_write checked through the socket", "mmap_write: msync",
+                 "mmap_write: munmap", "mmap_write: close then munmap", "mmap_write: fsync"):
         assert stats[what] > 0, f"the run never did: {what}"
