@@ -69,3 +69,38 @@ def test_cp_2gib_in_and_out(cuda_mount, tmp_path):
         for path in (src, back):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_mmap_of_a_2gib_durable_file(cuda_mount):
+    """Shared mmap through the page cache on GPU memory (issue 15): a 2 GiB durable file
+    maps with its sha256 intact after the cache was dropped, and stores into the mapping
+    reach the device memory at msync (the socket reads them back)."""
+    import mmap
+    src = "/dev/shm/gpumem-2g-mmap.bin"
+    subprocess.run(["dd", "if=/dev/urandom", f"of={src}", "bs=16M", "count=128"],
+                   check=True, capture_output=True)
+    on_gpu = os.path.join(cuda_mount.mnt, "mapped.bin")
+    try:
+        want = sha256(src)
+        subprocess.run(["cp", src, on_gpu], check=True)
+        os.setxattr(on_gpu, "user.gpu.durable", b"1")
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")                       # the mapping reads from the GPU, not cache
+        with open(on_gpu, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+            h = hashlib.sha256()
+            for off in range(0, len(m), 64 << 20):
+                h.update(m[off:off + (64 << 20)])
+            got = h.hexdigest()
+            m[GiB:GiB + 4096] = b"\x5a" * 4096   # a store, then msync: in device memory
+            m.flush()
+        print(f"mmap of 2 GiB durable: sha256 {want} -> {got}")
+        assert got == want
+        info = cuda_mount.cli_json("info", "mapped.bin")
+        assert info["durable"] is True and info["device"].startswith("GPU-")
+        back = cuda_mount.cli("read", "mapped.bin", "--offset", str(GiB), "--length", "4096",
+                              check=True).stdout
+        assert back == b"\x5a" * 4096
+        os.unlink(on_gpu)
+    finally:
+        if os.path.exists(src):
+            os.unlink(src)
