@@ -433,7 +433,7 @@ class Operations(pyfuse3.Operations):
             fh = self._add_fh(FileHandle(
                 self.m.open_mount(alloc, cred, self.session, _writable(flags)), cred))
         self._remember(alloc)
-        return self._alloc_info(fh, alloc), self._attrs(alloc)
+        return self._alloc_info(fh, alloc, flags), self._attrs(alloc)
 
     def _existing_for_create(self, parent_inode: int, name: str, cred: Credentials,
                              flags: int) -> Allocation:
@@ -509,9 +509,16 @@ class Operations(pyfuse3.Operations):
     # =====================================================================================
     # files
     # =====================================================================================
-    def _alloc_info(self, fh: int, alloc: Allocation) -> pyfuse3.FileInfo:
+    def _alloc_info(self, fh: int, alloc: Allocation, flags: int) -> pyfuse3.FileInfo:
         """An allocation opened through the page cache: the kernel keeps the pages it has
-        only if nothing changed them since it filled them (daemon/fs_cache.py)."""
+        only if nothing changed them since it filled them (daemon/fs_cache.py). A
+        write-only open goes direct: no mapping can come of it (mmap needs read access), and
+        a bulk writer (`cp`, `dd of=`) then sends whole 1 MiB writes straight to the device
+        memory instead of copying each page through the cache first. The kernel drops the
+        cached pages of the range such a write covers (docs/mount.md, "Consistency")."""
+        if flags & os.O_ACCMODE == os.O_WRONLY:
+            self.page_cache.keep(alloc.id, None)        # cached pages of others may be old
+            return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
         keep = self.page_cache.keep(alloc.id, self.m.cache_generation(alloc))
         return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
 
@@ -525,7 +532,8 @@ class Operations(pyfuse3.Operations):
             return pyfuse3.FileInfo(fh=self._add_fh(MetaHandle(self._meta_text(node))),
                                     direct_io=True, keep_cache=False)
         alloc = self._alloc(inode)
-        return self._alloc_info(self._open_file(alloc, credentials(ctx), flags), alloc)
+        return self._alloc_info(self._open_file(alloc, credentials(ctx), flags), alloc,
+                                flags)
 
     def _open_file(self, alloc: Allocation, cred: Credentials, flags: int) -> int:
         """Open an allocation; O_TRUNC truncates it first. libfuse 3 asks the kernel for
