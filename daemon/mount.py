@@ -102,7 +102,9 @@ def claim_mount_point(path: str) -> None:
 
 
 def mount_options() -> set[str]:
-    options = {"fsname=gpumemd", "subtype=gpumem", "default_permissions"}
+    # nodev said outright (libfuse adds it by default today): device nodes on the mount are
+    # metadata only, and must never open a device (docs/mount.md, docs/security.md).
+    options = {"fsname=gpumemd", "subtype=gpumem", "default_permissions", "nodev"}
     if os.geteuid() == 0:
         # Other users reach their own allocations; default_permissions still applies.
         options.add("allow_other")

@@ -55,6 +55,9 @@ GRANULE = 2 * MiB                      # the host backend's (and an H100's) gran
 DIRS = ("sub", "sub/deep")
 # Few names, in three directories: renames over existing files and name reuse are frequent.
 NAMES = ("a", "b", "c", "sub/a", "sub/b", "sub/deep/a")
+# Symbolic links, named apart from the files (a rename of a file never lands on one), each to
+# a file name by a relative path: it resolves while the name is there, dangles while not.
+LINKS = ("la", "sub/lb", "sub/deep/lc")
 MAX_FDS = 4                            # descriptors kept open across steps
 MAX_END = 8 * MiB                      # no write or truncate goes past this
 BOUNDARIES = (0, 1, 4095, 4096, 4097, MiB - 1, MiB, MiB + 1, GRANULE - 1, GRANULE,
@@ -134,6 +137,7 @@ def make_machine(mnt: str, client, stats: collections.Counter):
         def __init__(self):
             super().__init__()
             self.names: dict[str, Inode] = {}      # the model's namespace
+            self.links: dict[str, str] = {}        # link name: the file name it points to
             self.fds: list[OpenFile] = []          # the open-descriptor pool
             self.since_missing = 0                 # steps since missing_name last ran
 
@@ -437,6 +441,49 @@ def make_machine(mnt: str, client, stats: collections.Counter):
                 os.close(fd)
             self._note_io("compare", inode)
 
+        # ---- symbolic links ---------------------------------------------------------------
+        @precondition(lambda self: len(self.links) < len(LINKS))
+        @rule(data=st.data())
+        def symlink(self, data):
+            """A link to a file name (there or not), by a relative path from its directory."""
+            link = data.draw(st.sampled_from([n for n in LINKS if n not in self.links]))
+            existing = sorted(self.names)          # mostly a name that is there now
+            target = data.draw(st.sampled_from(existing) if existing and data.draw(
+                st.integers(0, 3), label="dangling?") else st.sampled_from(NAMES),
+                label="target")
+            relative = os.path.relpath(target, os.path.dirname(link) or ".")
+            os.symlink(relative, self.path(link))
+            assert os.readlink(self.path(link)) == relative
+            self.links[link] = target
+            stats["symlink"] += 1
+
+        @precondition(lambda self: self.links)
+        @rule(data=st.data())
+        def read_through_link(self, data):
+            """The link leads to the file its target names now, or dangles (ENOENT)."""
+            link = data.draw(st.sampled_from(sorted(self.links)))
+            inode = self.names.get(self.links[link])
+            assert os.lstat(self.path(link)).st_mode & 0o170000 == 0o120000
+            if inode is None:
+                with pytest.raises(FileNotFoundError):
+                    os.open(self.path(link), os.O_RDONLY)
+                stats["read_through_link: dangling"] += 1
+                return
+            fd = os.open(self.path(link), os.O_RDONLY)
+            try:
+                self._check_whole(fd, inode, os.fstat(fd).st_size, f"through link {link!r}")
+            finally:
+                os.close(fd)
+            stats["read_through_link"] += 1
+
+        @precondition(lambda self: self.links)
+        @rule(data=st.data())
+        def unlink_link(self, data):
+            link = data.draw(st.sampled_from(sorted(self.links)))
+            os.unlink(self.path(link))        # the link goes; its target stays
+            del self.links[link]
+            stats["unlink_link"] += 1
+
         # ---- the descriptor pool --------------------------------------------------------
         @precondition(lambda self: self.names and len(self.fds) < MAX_FDS)
         @rule(data=st.data(), writable=st.booleans())
@@ -609,7 +656,7 @@ def make_machine(mnt: str, client, stats: collections.Counter):
         def check_listing(self):
             """readdir of every directory shows exactly the model's names."""
             for d in ("", *DIRS):
-                want = {n.rsplit("/", 1)[-1] for n in self.names
+                want = {n.rsplit("/", 1)[-1] for n in (*self.names, *self.links)
                         if os.path.dirname(n) == d}
                 want |= {s.rsplit("/", 1)[-1] for s in DIRS if os.path.dirname(s) == d}
                 got = set(os.listdir(self.path(d) if d else mnt))
@@ -628,9 +675,10 @@ def make_machine(mnt: str, client, stats: collections.Counter):
                 where = self.path(d) if d else mnt
                 for entry in os.listdir(where):
                     full = os.path.join(where, entry)
-                    if os.path.isfile(full):
+                    if os.path.islink(full) or os.path.isfile(full):
                         os.unlink(full)
             self.names.clear()
+            self.links.clear()
             # Every byte comes back once the last descriptor is released (the kernel sends
             # RELEASE after close(2) returns, so give it a moment).
             def all_freed():
@@ -677,5 +725,6 @@ def test_fsx(mounted):
                  "compare_fd on unlinked file", "append", "ftruncate", "mmap_read",
                  "mmap_read on unlinked file", "mmap_write on unlinked file",
                  "mmap_write checked through the socket", "mmap_write: msync",
-                 "mmap_write: munmap", "mmap_write: close then munmap", "mmap_write: fsync"):
+                 "mmap_write: munmap", "mmap_write: close then munmap", "mmap_write: fsync",
+                 "symlink", "read_through_link", "read_through_link: dangling", "unlink_link"):
         assert stats[what] > 0, f"the run never did: {what}"
