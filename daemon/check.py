@@ -91,6 +91,30 @@ class Checker:
                     mode=node.mode)
             self.registry.update_node(node.id, **fields)
 
+    def check_hard_links(self) -> None:
+        """The `links` table holds exactly the names beyond the first that the tree has,
+        and each is in its directory."""
+        rows = {(r["parent"], r["name"]): r["node"] for r in self.registry.load_links()}
+        live = {(d.id, name): node.id for node in self.m.all_nodes()
+                for d, name in node.aliases}
+        for node in self.m.all_nodes():
+            for d, name in node.aliases:
+                if d.children.get(name) is not node:
+                    self._problem("links", f"hard link '{name}' of '{node.path}' (id "
+                                  f"{node.id}) is not listed in its directory")
+        if rows != live:
+            wrong = sorted(set(rows.items()) ^ set(live.items()), key=repr)
+            self._problem("links", f"registry's hard links differ from the daemon's in "
+                          f"{len(wrong)} names, e.g. {wrong[:3]}",
+                          lambda: self._rewrite_links(rows, live))
+
+    def _rewrite_links(self, rows: dict, live: dict) -> None:
+        with self.registry.transaction(durable=True):
+            for parent_id, name in rows:
+                self.registry.delete_link(parent_id, name)
+            for (parent_id, name), node_id in live.items():
+                self.registry.insert_link(parent_id, name, node_id)
+
     def check_backend_memory(self) -> None:
         for alloc in self.m.allocations():
             has_memory = alloc.state in ("ready", "degraded")

@@ -33,12 +33,19 @@ def damaged_ranges(alloc: Allocation) -> list[list[int]]:
     return out
 
 
-def describe(node: Node, *, holders: bool = False) -> dict:
+def describe(node: Node, *, holders: bool = False, path: str | None = None,
+             name: str | None = None) -> dict:
+    """`path`, `name`: the entry the node was reached by, where it has several (hard
+    links); its first name otherwise. `holders` (info): the holders, and every name."""
     common = {
-        "id": node.id, "path": node.path, "name": node.name, "uid": node.uid,
+        "id": node.id, "path": node.path if path is None else path,
+        "name": node.name if name is None else name, "uid": node.uid,
         "gid": node.gid, "mode": f"{node.mode:04o}", "created": iso(node.created_ns),
         "modified": iso(node.modified_ns), "changed": iso(node.changed_ns),
+        "links": node.nlink,
     }
+    if holders and not isinstance(node, Directory):
+        common["names"] = node.paths
     if isinstance(node, Directory):
         return {"type": "directory", **common, "entries": len(node.children)}
     if isinstance(node, Symlink):       # `mode` is always 0777, as Linux shows a link's

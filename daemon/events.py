@@ -54,7 +54,10 @@ SCHEMA: dict[str, dict[str, str]] = {
     "mkdir": {"mode": "str"},
     "create": {"size": "int", "capacity": "int", "device": "str", "durable": "bool",
                "lease": "bool", "state": "str"},
-    "remove": {"force": "bool", "replaced_by": "str"},
+    # `name`, `links_left`: one name of a hard-linked node went, others keep it (its
+    # memory stays); `path` is then the node's first name left.
+    "remove": {"force": "bool", "replaced_by": "str", "name": "str", "links_left": "int"},
+    "link": {"name": "str", "links": "int"},
     "durable": {},
     "transient": {},
     "resize": {"size": "int", "capacity": "int", "old_size": "int"},

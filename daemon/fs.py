@@ -257,18 +257,15 @@ class Operations(pyfuse3.Operations):
         a.st_mode = node.st_mode
         a.st_uid, a.st_gid = node.uid, node.gid
         a.st_blksize = BLOCK
+        a.st_nlink = node.nlink
         if isinstance(node, Allocation):
-            a.st_nlink = 0 if node.unlinked else 1
             a.st_size = node.size or 0
             a.st_blocks = (node.capacity or 0) // 512 if node.buffer is not None else 0
         elif isinstance(node, Directory):
-            a.st_nlink = 2 + node.subdirs
             a.st_size = 0
         elif isinstance(node, Symlink):
-            a.st_nlink = 1
             a.st_size = len(name_bytes(node.target))      # lstat(2): the target's bytes
         elif isinstance(node, Special):
-            a.st_nlink = 1
             a.st_size = 0
             a.st_rdev = node.rdev
         a.st_mtime_ns = node.modified_ns
@@ -485,7 +482,13 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def link(self, inode, new_parent_inode, new_name, ctx):
-        raise pyfuse3.FUSEError(errno.EPERM)        # one name per allocation
+        self._writable_parent(new_parent_inode)
+        if self._is_meta(inode):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self.m.link_child(inode, new_parent_inode, decode_name(new_name),
+                                 credentials(ctx))
+        self._remember(node)
+        return self._attrs(node)
 
     @handler
     def symlink(self, parent_inode, name, target, ctx):

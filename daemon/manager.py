@@ -14,6 +14,7 @@ The layers under it, each with one job (docs/design.md, "The daemon's core"):
 """
 from __future__ import annotations
 
+import collections
 import os
 import stat
 import time
@@ -39,7 +40,7 @@ from .integrity import Integrity, ParityJob
 from .journal import Journal
 from .links import check_target
 from .namespace import DAEMON, NOW, RELATIME_NS, Namespace, check_mode
-from .nodes import SPECIAL_KINDS, Allocation, Directory, Node, Special, Symlink
+from .nodes import SPECIAL_KINDS, Allocation, Directory, Node, Special, Symlink, entry_path
 from .permissions import Credentials, R, W, X, administrative_uid, require, require_owner
 from .queries import Queries
 from .quotas import Quotas
@@ -233,26 +234,37 @@ class AllocationManager(HandleVerbs, Queries):
                force: bool = False) -> list[str]:
         """Remove an allocation or (with `recursive`) a directory tree. Returns the paths
         removed. An allocation with open handles is busy unless `force`: then its name goes
-        now and its memory with its last holder. Order: commit, withdraw, free."""
-        node = self.ns.lookup(path, cred, follow=False)    # a link goes, not its target
+        now and its memory with its last holder. Order: commit, withdraw, free. A name of a
+        hard-linked allocation goes alone while other names keep it (nothing is freed, and
+        open handles do not make it busy)."""
+        parent, name, node = self.ns.lookup_entry(path, cred)  # a link goes, not its target
         if isinstance(node, Directory) and not recursive:
             raise UsageError(f"'{node.path}' is a directory; use -r to remove it and its "
                              "contents")
-        doomed = self.ns.removal_order(node, cred)
+        doomed = self.ns.removal_order(parent, name, node, cred)
+        names_going = collections.Counter(n.id for _, _, n in doomed)
+        last = {n.id: n for _, _, n in doomed if names_going[n.id] >= n.nlink}
         if not force:
-            for victim in doomed:
+            for victim in last.values():
                 if isinstance(victim, Allocation) and victim.holders_of(*IO_KINDS):
                     raise Busy(self.holders.busy_message(victim))
-        any_durable = any(isinstance(v, Allocation) and v.durable for v in doomed)
-        with self.journal.change(durable=any_durable, batch=all(
-                isinstance(v, Allocation) and not v.durable for v in doomed)):
-            for victim in doomed:
-                self.ns.forget(victim)
-                self.journal.event("remove", victim, cred, force=force)
-        for victim in doomed:
-            if isinstance(victim, Allocation):
-                self._release_memory(victim)
-        return [v.path for v in doomed]
+        allocs = [v for _, _, v in doomed if isinstance(v, Allocation)]
+        freed: list[Allocation] = []
+        with self.journal.change(durable=any(a.durable for a in allocs),
+                                 batch=len(allocs) == len(doomed) and
+                                 not any(a.durable for a in allocs)):
+            for directory, victim_name, victim in doomed:
+                removed = entry_path(directory, victim_name)
+                if self.ns.drop_name(directory, victim_name, victim):
+                    self.journal.event("remove", victim, cred, force=force)
+                    if isinstance(victim, Allocation):
+                        freed.append(victim)
+                else:
+                    self.journal.event("remove", victim, cred, force=force, name=removed,
+                                       links_left=victim.nlink)
+        for victim in freed:
+            self._release_memory(victim)
+        return [entry_path(d, n) for d, n, _ in doomed]
 
     def _kept_open(self) -> list[Allocation]:
         """Allocations removed while held open: their memory goes with the last holder, and
@@ -360,11 +372,16 @@ class AllocationManager(HandleVerbs, Queries):
         node = self.ns.lookup_child(parent_id, name, cred)
         if isinstance(node, Directory):
             raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
-        self.ns.require_removable(node.parent, node, cred)
+        parent = self.ns.directory(parent_id)
+        self.ns.require_removable(parent, node, cred)
         durable = isinstance(node, Allocation) and node.durable
         with self.journal.change(durable=durable, batch=isinstance(node, Allocation)
                                  and not durable):
-            self.ns.forget(node)
+            removed = entry_path(parent, name)
+            if not self.ns.drop_name(parent, name, node):
+                self.journal.event("remove", node, cred, force=True, name=removed,
+                                   links_left=node.nlink)
+                return
             self.journal.event("remove", node, cred, force=True)
         if isinstance(node, Allocation):
             self._release_memory(node)
@@ -373,6 +390,31 @@ class AllocationManager(HandleVerbs, Queries):
                  cred: Credentials) -> tuple[Node, Node]:
         """renameat2(RENAME_EXCHANGE) (Namespace.exchange): nothing is freed."""
         return self.ns.exchange(src_parent_id, src_name, dst_parent_id, dst_name, cred)
+
+    # ---- hard links: one node, several names -------------------------------------------
+    def link(self, target: str, path: str, cred: Credentials) -> dict:
+        """`ln TARGET PATH` (socket API): PATH becomes one more name of what TARGET names.
+        TARGET's last component is not followed, as link(2) and GNU ln do: a symbolic link
+        gets a second name, not what it leads to. PATH's directory must exist."""
+        _, _, node = self.ns.lookup_entry(target, cred)
+        parts = split_path(path)
+        parent, _ = self.ns.parent_for_new(parts, cred, parents=False)
+        self._add_name(node, parent, parts[-1], cred)
+        return describe(node, holders=True, path=entry_path(parent, parts[-1]),
+                        name=parts[-1])
+
+    def link_child(self, node_id: int, parent_id: int, name: str, cred: Credentials) -> Node:
+        """link(2) on the mount."""
+        node = self.ns.node(node_id)
+        self._add_name(node, self.ns.directory(parent_id), name, cred)
+        return node
+
+    def _add_name(self, node: Node, parent: Directory, name: str, cred: Credentials) -> None:
+        # A durable allocation's new name must survive a power cut as the allocation does.
+        with self.journal.change(durable=self.ns.has_durable(node)):
+            self.ns.add_name(node, parent, name, cred)
+            self.journal.event("link", node, cred, name=entry_path(parent, name),
+                               links=node.nlink)
 
     # ---- symbolic links and special files: metadata only, never memory ------------------
     # Not fsynced, as mkdir is not: a committed row survives a crash of the daemon (kill -9),

@@ -43,7 +43,9 @@ from .nodes import (
     NodeTable,
     Special,
     Symlink,
+    entry_path,
     walk,
+    walk_entries,
 )
 from .orphans import RECOVERY_DIR
 from .permissions import (
@@ -58,6 +60,7 @@ from .permissions import (
 from .registry import ROOT_ID, Registry, loaded_name, stored_name
 
 RESERVED_AT_ROOT = (".metadata",)   # the mount's read-only metadata view (daemon/fs.py)
+MAX_LINKS = 65000                 # st_nlink of one file at most (EMLINK), as ext4's
 RELATIME_NS = 24 * 3600 * 10**9   # relatime: an access time older than this moves on a read
 NOW = "now"                       # setattr(mtime_ns=NOW): utimensat's UTIME_NOW
 # The daemon itself, as the owner of what it makes (re-registered orphans, /lost+found).
@@ -119,6 +122,18 @@ class Namespace:
             parent.add_child(node)
         if self.root is None or self.root.id != ROOT_ID:
             raise InternalError("registry has no root directory")
+        self._load_hard_links()
+
+    def _load_hard_links(self) -> None:
+        for row in self.registry.load_links():
+            linked, parent = self.nodes.get(row["node"]), self.nodes.get(row["parent"])
+            if linked is None or not isinstance(parent, Directory) or \
+                    isinstance(linked, Directory) or row["name"] in parent.children:
+                raise InternalError(f"registry's hard link '{row['name']}' in node "
+                                    f"{row['parent']} to node {row['node']} is not valid")
+            linked.aliases = linked.aliases + [(parent, row["name"])]
+            parent.add_child(linked, row["name"])
+            self.nodes.names_changed(linked, 1)
 
     @staticmethod
     def _node_from_row(row) -> Node:
@@ -150,6 +165,21 @@ class Namespace:
             raise NotFound(f"no such allocation or directory: '{'/'.join(parts[:found])}'")
         return node
 
+    def lookup_entry(self, path: str, cred: Credentials) -> tuple[Directory, str, Node]:
+        """(directory, name, node) of the entry `path` names, its last component not
+        followed: what rm and link(2) act on. A hard-linked node has several entries; the
+        path says which."""
+        parts = split_path(path)
+        parent = self.lookup("/".join(parts[:-1]), cred, allow_root=True)
+        if not isinstance(parent, Directory):
+            raise NotFound(f"'{parent.path}' is not a directory",
+                           details={"errno": "ENOTDIR"})
+        require(parent, cred, X)
+        node = parent.children.get(parts[-1])
+        if node is None:
+            raise NotFound(f"no such allocation or directory: '{'/'.join(parts)}'")
+        return parent, parts[-1], node
+
     def lookup_allocation(self, path: str, cred: Credentials) -> Allocation:
         node = self.lookup(path, cred)
         if not isinstance(node, Allocation):
@@ -160,18 +190,21 @@ class Namespace:
         # The last component is not followed: `ls LINK` shows the link, as `ls -l` does.
         node = self.lookup(path, cred, allow_root=True, follow=False)
         if not isinstance(node, Directory):
-            return [describe(node)]
+            parts = split_path(path)      # a hard link is listed under the name asked for
+            return [describe(node, path="/".join(parts), name=parts[-1])]
         require(node, cred, R | X, "list")
         out: list[dict] = []
         self._list_into(node, cred, recursive, out)
         return out
 
     def _list_into(self, directory: Directory, cred, recursive: bool, out: list) -> None:
-        """The entries below `directory`, pre-order; with `recursive`, into every directory
-        the caller may list (walk: no recursion, a chain may be thousands deep)."""
+        """The entries below `directory`, pre-order, each under its own name (a hard-linked
+        file once per name); with `recursive`, into every directory the caller may list
+        (walk_entries: no recursion, a chain may be thousands deep)."""
         def enter(d: Directory) -> bool:
             return d is directory or (recursive and self.allowed(d, cred, R | X))
-        out.extend(describe(node) for node in walk(directory, enter) if node is not directory)
+        out.extend(describe(node, path=path, name=name)
+                   for path, name, node in walk_entries(directory, enter))
 
     @staticmethod
     def allowed(node, cred, want) -> bool:
@@ -281,19 +314,142 @@ class Namespace:
         self.journal.node_changed(parent)
 
     def _unlink(self, node: Node) -> None:
+        """Take the node and every name of it out of the tree (its rows are the caller's)."""
         now = time.time_ns()
-        parent = node.parent
         if self.nodes.get(node.id) is node:
             self.journal.on_rollback(lambda: self.nodes.__setitem__(node.id, node))
-        if parent is not None and parent.children.get(node.name) is node:
-            self.journal.keep(parent, "modified_ns", "changed_ns")
-            parent.remove_child(node.name)
-            self.journal.on_rollback(lambda: parent.add_child(node))
-            parent.modified_ns = parent.changed_ns = now
-            self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
-            self.entry_changed(parent, node.name)
-            self.journal.node_changed(parent)
+        for parent, name in node.names:
+            if parent.children.get(name) is node:
+                self._remove_entry(parent, name, now)
+        if node.aliases:
+            self._count_names(node, -len(node.aliases))
+            self.journal.keep(node, "aliases")
+            node.aliases = []
         self.nodes.pop(node.id, None)
+
+    def _remove_entry(self, parent: Directory, name: str, now: int) -> None:
+        """`name` leaves `parent` (the tree, and the parent's times in its row)."""
+        self._keep_entries((parent, name))
+        self.journal.keep(parent, "modified_ns", "changed_ns")
+        parent.remove_child(name)
+        parent.modified_ns = parent.changed_ns = now
+        self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
+        self.entry_changed(parent, name)
+        self.journal.node_changed(parent)
+
+    def _keep_entries(self, *entries: tuple[Directory, str]) -> None:
+        """Before changing these directory entries inside a change(): put back on rollback
+        what each held (nothing, or a node), with the directories' subdirs counts."""
+        saved = [(d, n, d.children.get(n)) for d, n in dict.fromkeys(
+            (d, n) for d, n in entries)]
+
+        def restore() -> None:
+            for directory, name, _ in saved:
+                if name in directory.children:
+                    directory.remove_child(name)
+            for directory, name, old in saved:
+                if old is not None:
+                    directory.add_child(old, name)
+        self.journal.on_rollback(restore)
+
+    def _count_names(self, node: Node, delta: int) -> None:
+        """Hard links made (+) or gone (-): the owner's names (max_names_per_uid)."""
+        self.nodes.names_changed(node, delta)
+        self.journal.on_rollback(lambda: self.nodes.names_changed(node, -delta))
+
+    # ---- hard links ---------------------------------------------------------------------
+    def add_name(self, node: Node, parent: Directory, name: str, cred: Credentials) -> None:
+        """link(2): `name` in `parent` becomes one more name of `node` (inside the caller's
+        change). The node keeps its id, memory, durability and ECC: they are the
+        allocation's, not a name's."""
+        check_component(name)
+        if isinstance(node, Directory):
+            raise PermissionDenied(f"'{node.path or '/'}' is a directory: a directory "
+                                   "cannot have a second name (hard link)",
+                                   details={"errno": "EPERM"})
+        if self.nodes.get(node.id) is not node:
+            raise NotFound(f"'{node.path}' was removed", details={"errno": "ENOENT"})
+        self.check_not_reserved(parent, name)
+        require(parent, cred, W | X, "create entries in")
+        if name in parent.children:
+            raise Exists(f"'{entry_path(parent, name)}' already exists")
+        self._require_may_link(node, cred)
+        if node.nlink >= MAX_LINKS:
+            raise UsageError(f"'{node.path}' has {node.nlink} names, the most one file may "
+                             f"have ({MAX_LINKS})", details={"errno": "EMLINK"})
+        self._require_room_for_a_name(node.uid)
+        now = time.time_ns()
+        self.registry.insert_link(parent.id, name, node.id)
+        self.registry.update_node(node.id, changed_ns=now)
+        self.journal.keep(node, "aliases", "changed_ns")
+        node.aliases = node.aliases + [(parent, name)]
+        node.changed_ns = now
+        self._count_names(node, 1)
+        self._keep_entries((parent, name))
+        self.journal.keep(parent, "modified_ns", "changed_ns")
+        parent.add_child(node, name)
+        parent.modified_ns = parent.changed_ns = now
+        self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
+        self.journal.node_changed(parent)
+        self.entry_changed(parent, name)       # a cached negative entry, if any
+        self.attrs_changed(node)               # st_nlink and st_ctime
+
+    @staticmethod
+    def _require_may_link(node: Node, cred: Credentials) -> None:
+        """Linux's protected_hardlinks (on by default in Debian): only the owner, root, or
+        a user who may read and write the file may give it a new name, so no user can pin
+        another's file in a directory of their own."""
+        if cred.is_root or cred.uid == node.uid or administrative_uid(cred.uid):
+            return
+        # Linux's "safe source": a regular file, not set-id, that the caller may read and
+        # write. Links, FIFOs and device nodes: the owner only.
+        allowed = isinstance(node, Allocation) and not node.mode & 0o6000 and \
+            Namespace.allowed(node, cred, R | W)
+        if not allowed:
+            raise PermissionDenied(f"permission denied: only the owner of '{node.path}' "
+                                   f"(uid {node.uid}), or a user who may read and write it, "
+                                   "may link it", details={"errno": "EPERM"})
+
+    def drop_name(self, parent: Directory, name: str, node: Node) -> bool:
+        """unlink(2) of one of the node's names (inside the caller's change). True when it
+        was the last: the node is forgotten (its memory is the caller's); False when other
+        names keep it."""
+        if not node.aliases:
+            self.forget(node)
+            return True
+        now = time.time_ns()
+        self.journal.keep(node, "parent", "name", "aliases", "changed_ns")
+        if node.parent is parent and node.name == name:
+            # Its row's name goes: the next name moves into the row.
+            (parent_next, name_next), rest = node.aliases[0], node.aliases[1:]
+            self.registry.delete_link(parent_next.id, name_next)
+            self.registry.update_node(node.id, parent=parent_next.id, name=name_next,
+                                      changed_ns=now)
+            node.parent, node.name, node.aliases = parent_next, name_next, rest
+        else:
+            self.registry.delete_link(parent.id, name)
+            self.registry.update_node(node.id, changed_ns=now)
+            node.aliases = [(d, n) for d, n in node.aliases if not (d is parent and n == name)]
+        node.changed_ns = now
+        self._count_names(node, -1)
+        self._remove_entry(parent, name, now)
+        self.attrs_changed(node)
+        return False
+
+    def _move_name(self, node: Node, old: tuple[Directory, str],
+                   new: tuple[Directory, str]) -> None:
+        """One name of `node` goes from `old` to `new`: its row (or its `links` row) and the
+        node's fields; the directories' children are the caller's. The caller has kept
+        the node's parent, name and aliases."""
+        (old_dir, old_name), (new_dir, new_name) = old, new
+        if node.parent is old_dir and node.name == old_name:
+            self.registry.update_node(node.id, parent=new_dir.id, name=new_name)
+            node.parent, node.name = new_dir, new_name
+            return
+        self.registry.delete_link(old_dir.id, old_name)
+        self.registry.insert_link(new_dir.id, new_name, node.id)
+        node.aliases = [new if (d is old_dir and n == old_name) else (d, n)
+                        for d, n in node.aliases]
 
     def entry_changed(self, parent: Directory, name: str) -> None:
         for watcher in self.watchers:
@@ -318,28 +474,31 @@ class Namespace:
     def forget(self, node: Node) -> None:
         """Remove a node's row and its place in the tree (memory is the caller's concern)."""
         self.generations.pop(node.id, None)
-        self.registry.delete_node(node.id)
+        self.registry.delete_node(node.id)      # its hard links' rows with it
         self._unlink(node)
 
-    def removal_order(self, node: Node, cred: Credentials) -> list[Node]:
-        """Children before parents, each checked for permission before anything changes."""
-        order: list[Node] = []
-        stack: list[tuple[Node, bool]] = [(node, False)]     # (node, its children queued)
+    def removal_order(self, parent: Directory, name: str, node: Node, cred: Credentials
+                      ) -> list[tuple[Directory, str, Node]]:
+        """The entries to remove for `rm -r` of `name` in `parent`: (directory, name,
+        node), children before parents, each checked for permission before anything
+        changes. A hard-linked file is in it once per name inside the tree."""
+        order: list[tuple[Directory, str, Node]] = []
+        # (directory, name, node, its children queued)
+        stack: list[tuple[Directory, str, Node, bool]] = [(parent, name, node, False)]
         while stack:                  # post-order with a stack: a chain may be thousands deep
-            n, queued = stack.pop()
+            d, n_name, n, queued = stack.pop()
             if isinstance(n, Directory) and not queued:
                 require(n, cred, R | W | X, "remove entries from")
-                stack.append((n, True))
-                stack.extend((child, False) for child in reversed(list(n.children.values())))
+                stack.append((d, n_name, n, True))
+                stack.extend((n, child_name, child, False) for child_name, child
+                             in reversed(list(n.children.items())))
                 continue
-            parent = n.parent
-            assert parent is not None           # the root is never a path to remove
-            require(parent, cred, W | X, "remove entries from")
-            if not may_remove_from(parent, n, cred):
+            require(d, cred, W | X, "remove entries from")
+            if not may_remove_from(d, n, cred):
                 raise PermissionDenied(
-                    f"permission denied: '{parent.path or '/'}' is sticky; only the owner "
-                    f"of '{n.path}' (uid {n.uid}) may remove it")
-            order.append(n)
+                    f"permission denied: '{d.path or '/'}' is sticky; only the owner "
+                    f"of '{entry_path(d, n_name)}' (uid {n.uid}) may remove it")
+            order.append((d, n_name, n))
         return order
 
     def node(self, node_id: int) -> Node:
@@ -396,36 +555,35 @@ class Namespace:
             self._check_dir_move(node, src_dir, dst_dir, cred)
         if target is not None:
             self._check_replace(node, target, dst_dir, cred, replace)
-        old_path = node.path
+        old_path = entry_path(src_dir, src_name)
+        new_path = entry_path(dst_dir, dst_name)
+        freed = None
         with self.journal.change(durable=self.has_durable(node) or self.has_durable(target)):
             if target is not None:
-                self.forget(target)
-                self.journal.event("remove", target, cred, replaced_by=old_path)
+                if self.drop_name(dst_dir, dst_name, target):
+                    freed = target
+                self.journal.event("remove", target, cred, replaced_by=old_path,
+                                   **({} if freed else {"name": new_path,
+                                                        "links_left": target.nlink}))
             now = time.time_ns()
-            self.registry.update_node(node.id, parent=dst_dir.id, name=dst_name,
-                                      changed_ns=now)
-            self.journal.keep(node, "parent", "name", "changed_ns")
+            self.journal.keep(node, "parent", "name", "aliases", "changed_ns")
+            self._keep_entries((src_dir, src_name), (dst_dir, dst_name))
+            self._move_name(node, (src_dir, src_name), (dst_dir, dst_name))
+            self.registry.update_node(node.id, changed_ns=now)
             for directory in {src_dir, dst_dir}:
                 self.journal.keep(directory, "modified_ns", "changed_ns")
             src_dir.remove_child(src_name)
-
-            def move_back() -> None:
-                if dst_dir.children.get(dst_name) is node:
-                    dst_dir.remove_child(dst_name)
-                node.name = src_name
-                src_dir.add_child(node)
-            self.journal.on_rollback(move_back)
             self.entry_changed(src_dir, src_name)
             if target is None:
                 self.entry_changed(dst_dir, dst_name)   # a cached negative entry, if any
-            node.parent, node.name, node.changed_ns = dst_dir, dst_name, now
+            node.changed_ns = now
             for directory in {src_dir, dst_dir}:
                 directory.modified_ns = directory.changed_ns = now
                 self.registry.update_node(directory.id, modified_ns=now, changed_ns=now)
                 self.journal.node_changed(directory)
-            dst_dir.add_child(node)
-            self.journal.event("rename", node, cred, **{"from": old_path, "to": node.path})
-        return node, target
+            dst_dir.add_child(node, dst_name)
+            self.journal.event("rename", node, cred, **{"from": old_path, "to": new_path})
+        return node, freed
 
     def exchange(self, src_parent_id: int, src_name: str, dst_parent_id: int,
                  dst_name: str, cred: Credentials) -> tuple[Node, Node]:
@@ -445,41 +603,44 @@ class Namespace:
                 self._check_dir_move(node, here, there, cred)
         with self.journal.change(durable=self.has_durable(a) or self.has_durable(b)):
             now = time.time_ns()
-            paths = (a.path, b.path)
+            at_a, at_b = (src_dir, src_name), (dst_dir, dst_name)
+            paths = (entry_path(*at_a), entry_path(*at_b))
             for node in (a, b):
-                self.journal.keep(node, "parent", "name", "changed_ns")
+                self.journal.keep(node, "parent", "name", "aliases", "changed_ns")
             for directory in {src_dir, dst_dir}:
                 self.journal.keep(directory, "modified_ns", "changed_ns")
-            # UNIQUE (parent, name): `a` steps out of the tree (a NULL parent) while `b`
-            # takes its name, then takes `b`'s.
-            self.registry.update_node(a.id, parent=None, changed_ns=now)
-            self.registry.update_node(b.id, parent=src_dir.id, name=src_name, changed_ns=now)
-            self.registry.update_node(a.id, parent=dst_dir.id, name=dst_name)
+            self._keep_entries(at_a, at_b)
+            # UNIQUE (parent, name): `a` steps out of the tree (a NULL parent, or its hard
+            # link's row out of `links`) while `b` takes its name, then takes `b`'s.
+            a_first = a.parent is src_dir and a.name == src_name
+            if a_first:
+                self.registry.update_node(a.id, parent=None)
+            else:
+                self.registry.delete_link(src_dir.id, src_name)
+                a.aliases = [x for x in a.aliases if not (x[0] is src_dir and x[1] == src_name)]
+            self._move_name(b, at_b, at_a)
+            if a_first:
+                self.registry.update_node(a.id, parent=dst_dir.id, name=dst_name)
+                a.parent, a.name = dst_dir, dst_name
+            else:
+                self.registry.insert_link(dst_dir.id, dst_name, a.id)
+                a.aliases = a.aliases + [at_b]
+            for node in (a, b):
+                self.registry.update_node(node.id, changed_ns=now)
+                node.changed_ns = now
             src_dir.remove_child(src_name)
             dst_dir.remove_child(dst_name)
-
-            def swap_back() -> None:
-                for node in (a, b):
-                    other = node.parent
-                    if other is not None and other.children.get(node.name) is node:
-                        other.remove_child(node.name)
-                for node, directory, name in ((a, src_dir, src_name), (b, dst_dir, dst_name)):
-                    node.name = name
-                    directory.add_child(node)
-            self.journal.on_rollback(swap_back)
-            a.parent, a.name, a.changed_ns = dst_dir, dst_name, now
-            b.parent, b.name, b.changed_ns = src_dir, src_name, now
-            dst_dir.add_child(a)
-            src_dir.add_child(b)
+            dst_dir.add_child(a, dst_name)
+            src_dir.add_child(b, src_name)
             self.entry_changed(src_dir, src_name)
             self.entry_changed(dst_dir, dst_name)
             for directory in {src_dir, dst_dir}:
                 directory.modified_ns = directory.changed_ns = now
                 self.registry.update_node(directory.id, modified_ns=now, changed_ns=now)
                 self.journal.node_changed(directory)
-            for node, old in ((a, paths[0]), (b, paths[1])):
+            for node, old, new in ((a, paths[0], paths[1]), (b, paths[1], paths[0])):
                 self.journal.event("rename", node, cred, exchange=True,
-                                   **{"from": old, "to": node.path})
+                                   **{"from": old, "to": new})
         return a, b
 
     def _check_dir_move(self, node: Directory, src_dir: Directory, dst_dir: Directory,
@@ -586,8 +747,8 @@ class Namespace:
             self.journal.keep(node, *changes)
             if "uid" in changes and self.nodes.get(node.id) is node:
                 old_uid, new_uid = node.uid, changes["uid"]
-                self.nodes.reowned(old_uid, new_uid)
-                self.journal.on_rollback(lambda: self.nodes.reowned(new_uid, old_uid))
+                self.nodes.reowned(node, old_uid, new_uid)
+                self.journal.on_rollback(lambda: self.nodes.reowned(node, new_uid, old_uid))
             for key, value in changes.items():
                 setattr(node, key, value)
             self.journal.event("setattr", node, actor, **{k: (f"{v:04o}" if k == "mode" else v)

@@ -45,6 +45,10 @@ class Node:
     accessed_ns: int | None = None   # last access (utimensat, or a read by the relatime
                                      # rule: AllocationManager.note_access); None when
                                      # made: the modification time
+    # Hard links: the node's names beyond (parent, name), each (directory, name); the
+    # registry's `links` table. Replaced, never changed in place (Journal.keep restores
+    # the old list on a rollback). Directories never have any.
+    aliases: list[tuple[Directory, str]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.accessed_ns is None:
@@ -64,15 +68,38 @@ class Node:
         """The file type and the permission bits, as stat(2) reports them."""
         raise NotImplementedError(f"{type(self).__name__} has no file type")
 
+    @property
+    def names(self) -> list[tuple[Directory, str]]:
+        """Every (directory, name) the node is found under, its first name first."""
+        first = [(self.parent, self.name)] if self.parent is not None else []
+        return first + self.aliases
+
+    @property
+    def paths(self) -> list[str]:
+        """The path of each of its names, its first name's first."""
+        return [entry_path(parent, name) for parent, name in self.names]
+
+    @property
+    def nlink(self) -> int:
+        """st_nlink of a file: its names (0 once the last one is gone and it is held
+        open). Directories override it."""
+        return len(self.names)
+
+
+def entry_path(parent: Directory, name: str) -> str:
+    """The path of the entry `name` in `parent`."""
+    return f"{parent.path}/{name}" if parent.path else name
+
 
 @dataclasses.dataclass(eq=False)
 class Directory(Node):
     children: dict[str, Node] = dataclasses.field(default_factory=dict)
     subdirs: int = 0         # directories among the children (st_nlink = 2 + subdirs)
 
-    # Change `children` only through these two, which keep `subdirs` right.
-    def add_child(self, node: Node) -> None:
-        self.children[node.name] = node
+    # Change `children` only through these two, which keep `subdirs` right. `name`: the
+    # entry's name when it is not the node's first (a hard link's).
+    def add_child(self, node: Node, name: str | None = None) -> None:
+        self.children[node.name if name is None else name] = node
         if isinstance(node, Directory):
             self.subdirs += 1
 
@@ -83,6 +110,10 @@ class Directory(Node):
     @property
     def st_mode(self) -> int:
         return stat.S_IFDIR | self.mode
+
+    @property
+    def nlink(self) -> int:
+        return 2 + self.subdirs          # its entry, its '.', each subdirectory's '..'
 
 
 @dataclasses.dataclass(eq=False)
@@ -163,6 +194,10 @@ class Allocation(Node):
     def st_mode(self) -> int:
         return stat.S_IFREG | self.mode
 
+    @property
+    def nlink(self) -> int:
+        return 0 if self.unlinked else len(self.names)
+
     def holders_of(self, *kinds: str) -> list[Holder]:
         return [h for h in self.holders.values() if h.kind in kinds]
 
@@ -185,10 +220,28 @@ def walk(top: Node, descend: Callable[[Directory], bool] = lambda d: True) -> It
             stack.extend(node.children[name] for name in sorted(node.children, reverse=True))
 
 
+def walk_entries(top: Directory, descend: Callable[[Directory], bool] = lambda d: True
+                 ) -> Iterator[tuple[str, str, Node]]:
+    """(path, name, node) of each entry below `top`, pre-order, children by name, entering
+    only the directories `descend` accepts: a hard-linked file comes once per name, each
+    with its own path (walk() gives the node and its first name's path)."""
+    stack = [(top.path, name, node) for name, node in
+             sorted(top.children.items(), reverse=True)] if descend(top) else []
+    while stack:
+        under, name, node = stack.pop()
+        path = f"{under}/{name}" if under else name
+        yield path, name, node
+        if isinstance(node, Directory) and descend(node):
+            stack.extend((path, child_name, child) for child_name, child
+                         in sorted(node.children.items(), reverse=True))
+
+
 class NodeTable:
-    """Every node in the tree by id, and how many each uid owns: what max_names_per_uid
-    bounds (Namespace.insert_node; directories, allocations, symlinks and special files
-    alike), counted as nodes come and go rather than by a walk."""
+    """Every node in the tree by id, and how many names each uid owns: what
+    max_names_per_uid bounds (Namespace.insert_node; directories, allocations, symlinks,
+    special files and hard links alike), counted as nodes and names come and go rather
+    than by a walk. A node enters and leaves with one name; its hard links are counted by
+    names_changed."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, Node] = {}
@@ -217,10 +270,16 @@ class NodeTable:
     def values(self):
         return self._by_id.values()
 
-    def reowned(self, old_uid: int, new_uid: int) -> None:
-        """A node went from `old_uid` to `new_uid` (chown, or its undoing)."""
-        self._count(old_uid, -1)
-        self._count(new_uid, 1)
+    def reowned(self, node: Node, old_uid: int, new_uid: int) -> None:
+        """A node went from `old_uid` to `new_uid` (chown, or its undoing): each of its
+        names goes with it."""
+        names = 1 + len(node.aliases)
+        self._count(old_uid, -names)
+        self._count(new_uid, names)
+
+    def names_changed(self, node: Node, delta: int) -> None:
+        """A hard link to `node` was made (+1) or removed (-1): a name its owner has."""
+        self._count(node.uid, delta)
 
     def _count(self, uid: int, delta: int) -> None:
         left = self.owned.get(uid, 0) + delta

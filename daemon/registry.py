@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from gpumemctl.protocol import name_bytes, name_from_bytes
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
@@ -123,6 +123,23 @@ _NODES_SQL = """
 """
 
 
+# Hard links (issue 15): create_tables() makes it, add_hard_links() adds it to an older one.
+_LINKS_SQL = """
+    CREATE TABLE IF NOT EXISTS links (
+        -- The names of a node beyond its first: its row in `nodes` holds one name (parent,
+        -- name), each row here one more (link(2)), so st_nlink is 1 + its rows here. When
+        -- the name in `nodes` goes while others remain, one of these moves into it. A name
+        -- is unique in its directory over both tables (the daemon checks; SQLite cannot).
+        -- Never a directory's (directories have one name, as on every Linux filesystem).
+        parent INTEGER NOT NULL REFERENCES nodes(id),
+        name   TEXT NOT NULL,     -- one path component, stored as nodes.name
+        node   INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,
+        PRIMARY KEY (parent, name)
+    );
+    CREATE INDEX IF NOT EXISTS links_node ON links (node);
+"""
+
+
 def create_tables(db: sqlite3.Connection) -> None:
     """The current schema (version SCHEMA_VERSION), made in one go for a new registry.
     Every column's meaning and sentinels are stated here. An older registry reaches the same
@@ -158,6 +175,7 @@ def create_tables(db: sqlite3.Connection) -> None:
     );
     CREATE INDEX events_node ON events (node);
     CREATE INDEX events_uid ON events (uid, id);
+    """ + _LINKS_SQL + """
     CREATE TABLE damage (
         -- One row per 128 KiB block of an allocation that failed to verify and could not
         -- be repaired: its bytes read as EIO until `gpumemctl recover` repairs it or a
@@ -266,9 +284,14 @@ def add_links_and_special_files(db: sqlite3.Connection) -> None:
         raise sqlite3.IntegrityError(f"foreign keys broken by the rebuild: {problems[:3]}")
 
 
+def add_hard_links(db: sqlite3.Connection) -> None:
+    """8 -> 9 (issue 15): the `links` table of hard links' further names."""
+    execute_script(db, _LINKS_SQL)
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
               4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names,
-              7: add_links_and_special_files}
+              7: add_links_and_special_files, 8: add_hard_links}
 
 
 def stored_name(name: str) -> str | bytes:
@@ -500,7 +523,21 @@ class Registry:
 
     def delete_node(self, node_id: int) -> None:
         self.db.execute("DELETE FROM holders WHERE node = ?", (node_id,))
+        self.db.execute("DELETE FROM links WHERE node = ?", (node_id,))
         self.db.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
+
+    # ---- hard links: a node's names beyond the one in its row -------------------------
+    def load_links(self) -> list[dict]:
+        rows = self.db.execute("SELECT parent, name, node FROM links ORDER BY rowid")
+        return [{**row, "name": loaded_name(row["name"])} for row in map(dict, rows)]
+
+    def insert_link(self, parent_id: int, name: str, node_id: int) -> None:
+        self.db.execute("INSERT INTO links (parent, name, node) VALUES (?, ?, ?)",
+                        (parent_id, stored_name(name), node_id))
+
+    def delete_link(self, parent_id: int, name: str) -> None:
+        self.db.execute("DELETE FROM links WHERE parent = ? AND name = ?",
+                        (parent_id, stored_name(name)))
 
     # ---- ECC damage --------------------------------------------------------------------
     def damage(self) -> dict[int, set[int]]:

@@ -62,7 +62,7 @@ def ls(path: str = "", long: bool = False, recursive: bool = False, json_: bool 
     elif long:
         output.table([_ls_row(e) for e in entries],
                      ["MODE", "OWNER", "SIZE", "CAPACITY", "DEVICE", "DURABILITY", "STATE",
-                      "ECC", "REFS", "MODIFIED", "NAME"], right={2, 3, 8})
+                      "ECC", "REFS", "LINKS", "MODIFIED", "NAME"], right={2, 3, 8, 9})
     else:
         for e in entries:
             output.data(e["path"] + ("/" if e["type"] == "directory" else ""))
@@ -81,11 +81,11 @@ def _ls_row(e: dict) -> list[str]:
     if e["type"] in _LS_KINDS:
         size = f"{e['major']},{e['minor']}" if "major" in e else "-"
         return [_mode_string(e), f"{e['uid']}:{e['gid']}", size, "-", "-", "-",
-                _LS_KINDS[e["type"]][1], "-", "-", e["modified"][:19], name]
+                _LS_KINDS[e["type"]][1], "-", "-", str(e["links"]), e["modified"][:19], name]
     return [_mode_string(e), f"{e['uid']}:{e['gid']}", format_size(e["size"]),
             format_size(e["capacity"]), (e["device"] or "-")[:13],
             "durable" if e["durable"] else "transient", e["state"], e["ecc"],
-            str(e["refcount"]), e["modified"][:19], name]
+            str(e["refcount"]), str(e["links"]), e["modified"][:19], name]
 
 
 def _mode_string(e: dict) -> str:
@@ -161,6 +161,8 @@ def info(name: str, json_: bool = False):
 
 
 def _info_value(key: str, value) -> str:
+    if key == "names":
+        return ", ".join(value)
     if key == "holders":
         return ", ".join(f"{h['kind']} (pid {h['pid']}, uid {h['uid']})"
                          for h in value) or "none"

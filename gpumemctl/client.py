@@ -222,6 +222,12 @@ class Client:
         returns the link's node."""
         return self.call("symlink", path=path, target=target)
 
+    def link(self, target: str, path: str) -> dict:
+        """A hard link: `path` becomes one more name of what `target` names (argument order
+        as ln and os.link; `target`'s last component is not followed). The node, as info
+        shows it (`links`, `names`)."""
+        return self.call("link", path=path, target=target)
+
     def readlink(self, path: str) -> str:
         return self.call("readlink", path=path)["target"]
 

@@ -153,19 +153,17 @@ def rm(names: Annotated[list[str], typer.Argument(
 
 @command("ln")
 def ln(target: Annotated[str, typer.Argument(
-           help="What the link points to: a path relative to the link's directory, or an "
-                "absolute path (followed by the daemon only under its mount point).")],
+           help="With -s: what the link points to, a path relative to the link's "
+                "directory, or an absolute path (followed by the daemon only under its "
+                "mount point). Without: an existing name (not followed).")],
        name: Annotated[str, typer.Argument(help="The link to make, e.g. models/current.",
                                            autocompletion=complete_name)],
        symbolic: Annotated[bool, typer.Option("-s", "--symbolic",
                                               help="Make a symbolic link.")] = False,
        json_: JsonOpt = False):
-    """Make NAME a symbolic link to TARGET (ln -s). Hard links are not supported yet."""
-    if not symbolic:
-        raise UsageError("hard links are not supported yet (issue 15); use ln -s for a "
-                         "symbolic link")
+    """Make NAME one more name of TARGET (a hard link), or with -s a symbolic link to it."""
     with connect() as c:
-        info = c.symlink(target, name)
+        info = c.symlink(target, name) if symbolic else c.link(target, name)
     if want_json(json_):
         output.emit_json(info)
 

@@ -38,7 +38,8 @@ class Snapshot:
 # (key, header): the allocation table's columns, in order. `sort_value` sorts by key.
 COLUMNS = [("name", "NAME"), ("size", "SIZE"), ("capacity", "CAPACITY"),
            ("device", "DEV"), ("durable", "DURABLE"), ("state", "STATE"),
-           ("holders", "HOLDERS"), ("ecc", "ECC"), ("verified", "VERIFIED")]
+           ("holders", "HOLDERS"), ("links", "LN"), ("ecc", "ECC"),
+           ("verified", "VERIFIED")]
 COLUMN_KEYS = [key for key, _ in COLUMNS]
 
 
@@ -114,19 +115,20 @@ def device_label(uuid: str | None, device_index: dict) -> str:
 def row_cells(entry: dict, cwd: str, device_index: dict, now: float) -> tuple[str, ...]:
     """The table's text for one entry (the order of COLUMNS)."""
     name = relative(entry["path"], cwd)
+    links = str(entry.get("links", ""))     # st_nlink: a hard-linked file's names
     if entry["type"] == "directory":
-        return (name + "/", "", "", "", "", "dir", "", "", f"{entry['entries']} entries")
+        return (name + "/", "", "", "", "", "dir", "", links, "", f"{entry['entries']} entries")
     if entry["type"] == "symlink":       # metadata only: the target is what there is to show
-        return (f"{name} -> {entry['target']}", "", "", "", "", "link", "", "", "")
+        return (f"{name} -> {entry['target']}", "", "", "", "", "link", "", links, "", "")
     if entry["type"] != "allocation":    # a FIFO, socket or device node (no memory)
-        return (name, "", "", "", "", entry["type"], "", "", "")
+        return (name, "", "", "", "", entry["type"], "", links, "", "")
     size = "-" if entry["size"] is None else format_size(entry["size"])
     capacity = "-" if entry["capacity"] is None else format_size(entry["capacity"])
     verified = "-" if entry["ecc"] != "rs" else age(entry.get("verified"), now)
     state = entry["state"] + ("*" if entry.get("unsealed") else "")
     return (name, size, capacity, device_label(entry["device"], device_index),
             "durable" if entry["durable"] else "transient", state, str(holders(entry)),
-            entry["ecc"], verified)
+            links, entry["ecc"], verified)
 
 
 def rate_text(bytes_per_s: float | None) -> str:

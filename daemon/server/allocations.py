@@ -47,6 +47,11 @@ async def mkdir(call: Call) -> Reply:
                               parents=a["parents"]), []
 
 
+async def link(call: Call) -> Reply:
+    a = call.args
+    return call.manager.link(a["target"], a["path"], call.session.cred), []
+
+
 async def symlink(call: Call) -> Reply:
     a = call.args
     return call.manager.symlink(a["path"], a["target"], call.session.cred), []

@@ -107,6 +107,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("symlink", (path(), Arg("target", Kind.STR, what="the link's target (a string)")),
        allocations.symlink),
     Op("readlink", (path(),), allocations.readlink),
+    Op("link", (path(), Arg("target", Kind.STR, what="an existing name (not followed)")),
+       allocations.link),
     Op("durable", (path(), flag("durable")), allocations.durable),
     Op("open", (path(), OPEN), allocations.open_),
     Op("read", (path(), Arg("offset", Kind.INT, 0, what="a byte offset (an integer)"),

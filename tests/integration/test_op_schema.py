@@ -31,6 +31,7 @@ GOOD_ARGS: dict[str, dict] = {
     "subscribe": {}, "verify": {}, "recover": {"path": "a"}, "check": {}, "scrub": {},
     "debug_corrupt": {"path": "a", "offset": 0, "length": 1},
     "symlink": {"path": "link", "target": "a"}, "readlink": {"path": "link"},
+    "link": {"path": "b", "target": "a"},
 }
 # A value of the wrong JSON type for each kind of argument.
 WRONG = {Kind.STR: 7, Kind.INT: "7", Kind.BOOL: 1, Kind.OBJECT: [1],

@@ -224,14 +224,6 @@ def tst_mtime_follows_writes(mnt: str) -> None:
     os.unlink(f)
 
 
-def tst_links(mnt: str) -> None:
-    """Hard links are not supported yet (issue 15, hard links: another change)."""
-    f = os.path.join(mnt, "target")
-    os.close(os.open(f, os.O_CREAT | os.O_WRONLY))
-    expect_errno(errno.EPERM, os.link, f, os.path.join(mnt, "hard"))
-    os.unlink(f)
-
-
 def tst_fsync(mnt: str) -> None:
     f = os.path.join(mnt, "synced")
     fd = os.open(f, os.O_CREAT | os.O_RDWR)
@@ -337,5 +329,5 @@ def tst_overwrite_truncates(mnt: str) -> None:
 
 ALL = [tst_create_empty, tst_write_read, tst_append, tst_truncate, tst_unlink_open,
        tst_mkdir_rmdir, tst_readdir, tst_rename, tst_chmod_chown_utimes,
-       tst_mtime_follows_writes, tst_links, tst_fsync, tst_statfs, tst_bad_names,
+       tst_mtime_follows_writes, tst_fsync, tst_statfs, tst_bad_names,
        tst_dot_entries, tst_overwrite_truncates]

@@ -278,6 +278,10 @@ def make_machine(mnt: str, client, stats: collections.Counter):
             if src == dst:
                 stats["rename to itself"] += 1
                 return
+            if self.names.get(dst) is self.names[src]:
+                # Two names of one file: POSIX says rename does nothing, both stay.
+                stats["rename onto another name of the same file"] += 1
+                return
             if dst in self.names:
                 stats["rename over an existing file"] += 1
                 if any(f.inode is self.names[dst] for f in self.fds):
@@ -300,6 +304,8 @@ def make_machine(mnt: str, client, stats: collections.Counter):
             os.unlink(self.path(name))
             inode = self.names.pop(name)
             stats["unlink"] += 1
+            if any(i is inode for i in self.names.values()):
+                stats["unlink of one name of several"] += 1
             if any(f.inode is inode for f in self.fds):
                 stats["unlink of an open file"] += 1
 
@@ -483,6 +489,50 @@ def make_machine(mnt: str, client, stats: collections.Counter):
             os.unlink(self.path(link))        # the link goes; its target stays
             del self.links[link]
             stats["unlink_link"] += 1
+
+        # ---- hard links -----------------------------------------------------------------
+        def _nlink(self, inode: Inode) -> int:
+            return sum(1 for i in self.names.values() if i is inode)
+
+        @precondition(lambda self: self.names)
+        @rule(data=st.data())
+        def link(self, data):
+            """link(2): one more name of a file (the model's names share the Inode), or
+            EEXIST for a name that is taken; st_nlink counts the names."""
+            src = self._draw_name(data, label="src")
+            dst = self._draw_name(data, existing=False, label="dst")
+            if src not in self.names:
+                with pytest.raises(FileNotFoundError):
+                    os.link(self.path(src), self.path(dst))
+                stats["link: ENOENT"] += 1
+                return
+            if dst in self.names:
+                with pytest.raises(FileExistsError):
+                    os.link(self.path(src), self.path(dst))
+                stats["link: EEXIST"] += 1
+                return
+            os.link(self.path(src), self.path(dst))
+            inode = self.names[dst] = self.names[src]
+            st_src, st_dst = os.stat(self.path(src)), os.stat(self.path(dst))
+            assert st_src.st_ino == st_dst.st_ino
+            assert st_dst.st_nlink == self._nlink(inode), (st_dst.st_nlink, inode)
+            if os.path.dirname(src) != os.path.dirname(dst):
+                stats["link across directories"] += 1
+            stats["link"] += 1
+
+        @precondition(lambda self: self.names)
+        @rule(data=st.data())
+        def check_nlink(self, data):
+            """st_nlink of a name (and of a descriptor of its file) is its names in the
+            model."""
+            name = data.draw(st.sampled_from(sorted(self.names)), label="name")
+            inode = self.names[name]
+            assert os.stat(self.path(name)).st_nlink == self._nlink(inode)
+            for f in self.fds:
+                if f.inode is inode:
+                    assert os.fstat(f.fd).st_nlink == self._nlink(inode)
+            if self._nlink(inode) > 1:
+                stats["check_nlink: hard-linked"] += 1
 
         # ---- the descriptor pool --------------------------------------------------------
         @precondition(lambda self: self.names and len(self.fds) < MAX_FDS)
@@ -726,5 +776,8 @@ def test_fsx(mounted):
                  "mmap_read on unlinked file", "mmap_write on unlinked file",
                  "mmap_write checked through the socket", "mmap_write: msync",
                  "mmap_write: munmap", "mmap_write: close then munmap", "mmap_write: fsync",
-                 "symlink", "read_through_link", "read_through_link: dangling", "unlink_link"):
+                 "symlink", "read_through_link", "read_through_link: dangling", "unlink_link",
+                 "link", "link across directories", "link: EEXIST",
+                 "unlink of one name of several",
+                 "check_nlink: hard-linked", "rename onto another name of the same file"):
         assert stats[what] > 0, f"the run never did: {what}"

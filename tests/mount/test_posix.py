@@ -11,9 +11,9 @@ import pytest
 
 from tests.harness import MOUNT_BACKEND, Daemon, fuse_missing, make_base_dir
 
-from . import posix, posix_links
+from . import posix, posix_hardlinks, posix_links
 
-CHECKS = posix.ALL + posix_links.ALL
+CHECKS = posix.ALL + posix_links.ALL + posix_hardlinks.ALL
 
 
 @pytest.fixture(scope="module")

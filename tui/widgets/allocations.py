@@ -18,7 +18,7 @@ from .. import model
 from ..model import COLUMN_KEYS, COLUMNS, Snapshot
 from .table import Table
 
-RIGHT = {1, 2, 6}      # size, capacity, holders: numbers line up on the right
+RIGHT = {1, 2, 6, 7}   # size, capacity, holders, links: numbers line up on the right
 ALARM_STATES = {"degraded", "lost"}
 
 
