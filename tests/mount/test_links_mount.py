@@ -94,3 +94,29 @@ def test_links_of_another_user_on_the_mount(mounted):
         "unlink root's link (sticky /)": "EPERM", "unlink own link": "ok",
         "mkfifo in /": "ok", "unlink own fifo": "ok"}
     mounted.cli("check", check=True)
+
+
+def test_hard_links_agree_between_the_mount_and_the_socket_api_at_once(mounted):
+    """A hard link made or removed through either side is seen by the other at once: the
+    kernel's cached st_nlink is dropped when the socket API links or unlinks (issue 15,
+    item 6), and a durable file's names survive a kill -9 on the mount too."""
+    mnt = mounted.mnt
+    a, b = os.path.join(mnt, "a"), os.path.join(mnt, "b")
+    with open(a, "wb") as f:
+        f.write(b"one file")
+    assert os.stat(a).st_nlink == 1                   # cached by the kernel now
+    mounted.cli("ln", "a", "b", check=True)
+    assert os.stat(a).st_nlink == 2 and os.stat(b).st_ino == os.stat(a).st_ino
+    os.link(a, os.path.join(mnt, "c"))
+    info = mounted.cli_json("info", "c")
+    assert info["names"] == ["a", "b", "c"] and info["links"] == 3
+    mounted.cli("rm", "a", check=True)
+    assert os.stat(b).st_nlink == 2 and not os.path.exists(a)
+    mounted.cli("durable", "b", check=True)
+    mounted.restart(hard=True)
+    assert os.stat(b).st_nlink == 2 and os.stat(b).st_ino == os.stat(os.path.join(mnt, "c")).st_ino
+    with open(os.path.join(mnt, "c"), "rb") as f:
+        assert f.read() == b"one file"
+    os.unlink(b)
+    assert mounted.cli_json("info", "c")["links"] == 1
+    mounted.cli("check", check=True)
