@@ -9,19 +9,9 @@ import stat
 import time
 
 from .posix import expect_errno, pattern
-from .posix_links import RENAME_EXCHANGE, renameat2
+from .posix_links import RENAME_EXCHANGE, _read, _write, renameat2
 
 MiB = 1 << 20
-
-
-def _write(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
 
 
 def tst_hardlink_one_file_two_names(mnt: str) -> None:
