@@ -164,9 +164,29 @@ def cut(text: str, limit: int = STRING_LIMIT) -> str:
     return f"{text[:keep]}...[{len(text) - keep} more characters]"
 
 
+# What one key or value can take as JSON at most: a string 12 characters per character
+# (ensure_ascii spells one outside the BMP as two "\\uXXXX"), plus quotes and separators.
+_JSON_PER_CHAR, _JSON_PER_ITEM = 12, 32
+
+
+def _fits_surely(detail: dict) -> bool:
+    """Whether the JSON of `detail` is within DETAIL_LIMIT whatever its strings hold, counted
+    without encoding it (most details: a few numbers and short words)."""
+    bound = 2
+    for key, value in detail.items():
+        if isinstance(value, str):
+            bound += _JSON_PER_CHAR * len(value)
+        elif not (value is None or isinstance(value, (bool, int))):
+            return False                         # a list or summary: encode and see
+        bound += _JSON_PER_CHAR * len(key) + _JSON_PER_ITEM
+    return bound <= DETAIL_LIMIT
+
+
 def _fit(detail: dict) -> dict:
     """Cut the longest strings until the JSON fits DETAIL_LIMIT (every other value is small:
     ints, bools, and lists of at most LIST_LIMIT small items or their summary)."""
+    if _fits_surely(detail):
+        return detail
     original = {k: v for k, v in detail.items() if isinstance(v, str)}
     while len(json.dumps(detail, sort_keys=True)) > DETAIL_LIMIT:
         strings = [k for k, v in detail.items() if isinstance(v, str) and len(v) > 64]

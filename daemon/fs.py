@@ -63,6 +63,7 @@ from gpumemctl.protocol import (
     name_bytes,
     name_from_bytes,
 )
+from gpumemctl.protocol.names import MAX_COMPONENT_BYTES
 
 from . import fs_cache, offload, xattrs
 from .describe import describe
@@ -70,7 +71,7 @@ from .errno_map import errno_for
 from .fs_cache import DATA, Invalidation, PageCache
 from .manager import AllocationManager
 from .nodes import Allocation, Directory, Node, Special, Symlink
-from .permissions import Credentials, R, W, require, supplementary_groups
+from .permissions import Credentials, R, W, X, allowed, require, supplementary_groups
 from .registry import ROOT_ID
 from .sessions import Session
 
@@ -82,6 +83,8 @@ META_BASE = 1 << 62          # the .metadata mirror of node N has inode META_BAS
 BLOCK = 1 << 20              # st_blksize: cp and dd size their buffers by it
 STATFS_BLOCK = 4096
 CAP_FSETID = 4               # capability(7) bit: keep set-id bits through writes
+SETID = stat.S_ISUID | stat.S_ISGID
+XATTR_PREFIX = xattrs.PREFIX.encode()
 DOTS = 2                     # "." and "..": the first entries of every directory snapshot
 
 
@@ -343,9 +346,20 @@ class Operations(pyfuse3.Operations):
             return self._meta_lookup(parent_inode, text, cred)
         if parent_inode == ROOT_ID and text == META_NAME:
             return self._meta_attrs(self._node(ROOT_ID))
+        self._missing(parent_inode, name, text, cred)
         node = self.m.lookup_child(parent_inode, text, cred)
         self._remember(node)
         return self._attrs(node)
+
+    def _missing(self, parent_inode: int, raw: bytes, text: str, cred: Credentials) -> None:
+        """ENOENT at once for a name not in the directory: every creat(2) of a new name
+        is looked up first. The answer lookup_child would give, without building its
+        error: the name is one the manager takes as it is, and the caller may search the
+        directory (the kernel has checked that too: default_permissions)."""
+        parent = self.m.node_or_none(parent_inode)
+        if isinstance(parent, Directory) and text not in parent.children and \
+                0 < len(raw) <= MAX_COMPONENT_BYTES and allowed(parent, cred, X):
+            raise pyfuse3.FUSEError(errno.ENOENT)
 
     @handler
     def forget(self, inode_list):
@@ -592,7 +606,8 @@ class Operations(pyfuse3.Operations):
         if isinstance(handle, MetaHandle):    # opened read-only: the kernel refuses first
             raise UsageError("a .metadata file is read-only", details={"errno": "EBADF"})
         written = self.m.write_at(handle.alloc, off, buf, session=self.session)
-        self._drop_setid(handle.alloc, handle.cred, handle)
+        if handle.alloc.mode & SETID:                 # rare: most files have neither bit
+            self._drop_setid(handle.alloc, handle.cred, handle)
         return written
 
     async def flush(self, fh):
@@ -686,6 +701,10 @@ class Operations(pyfuse3.Operations):
     # =====================================================================================
     @handler
     def getxattr(self, inode, name, ctx):
+        if not name.startswith(XATTR_PREFIX):
+            # The kernel asks for security.capability before every write through the page
+            # cache (file_remove_privs): answered without looking anything up.
+            raise pyfuse3.FUSEError(errno.ENODATA)
         short = xattrs.short_name(name)
         node = None if self._is_meta(inode) else self._node(inode)
         if not isinstance(node, Allocation) or short not in xattrs.NAMES:

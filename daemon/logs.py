@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import traceback
 
 from gpumemctl.protocol.escape import escape
@@ -22,7 +23,22 @@ JOURNAL_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, loggi
 
 
 class LineFormatter(logging.Formatter):
-    """Escapes the message (and the exception's message in a traceback)."""
+    """Escapes the message (and the exception's message in a traceback). The timestamp's
+    text is made once per second, not per record: the mount logs one `event` line per
+    create and unlink, and each microsecond of a line is one of every such request."""
+
+    _second: int | None = None
+    _second_text = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt or not self.default_msec_format:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second:
+            self._second_text = time.strftime(self.default_time_format,
+                                              self.converter(record.created))
+            self._second = second
+        return self.default_msec_format % (self._second_text, record.msecs)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escape(record.message)
@@ -87,7 +103,14 @@ def stderr_is_journal() -> bool:
 
 def setup_logging(level: str) -> None:
     """One line per record on stderr. With a timestamp on a terminal or in a file; without,
-    and with priority prefixes, under journald."""
+    and with priority prefixes, under journald.
+
+    A record leaves out what no line shows: the caller's file and line (found by walking
+    the stack for every record), the thread's and the process's names (logging's own
+    optimisation switches). The process id stays: it is in every line."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     if stderr_is_journal():
         handler.setFormatter(JournalFormatter("%(levelname)s: %(message)s"))
