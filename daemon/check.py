@@ -15,7 +15,8 @@ from .registry import stored_name
 # Registry columns compared with the in-memory node; (column, attribute, to-db conversion).
 _FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),
            ("mode", "mode", None), ("size", "size", None), ("capacity", "capacity", None),
-           ("device", "device", None), ("durable", "durable", int), ("state", "state", None),
+           ("device", "device", None), ("durable", "durable", int),
+           ("state", "stored_state", None),
            ("ecc", "ecc", None), ("target", "target", stored_name), ("rdev", "rdev", None)]
 
 
@@ -135,8 +136,7 @@ class Checker:
         except KeeperGone as exc:
             self._problem("keeper", f"keeper unreachable: {exc}")
             return
-        wanted = {a.id: a for a in self.m.allocations()
-                  if a.durable and a.buffer is not None}
+        wanted = {a.id: a for a in self.m.allocations() if a.kept}
         for key in sorted(set(wanted) - kept):
             self._problem("keeper", f"durable '{wanted[key].path}' (id {key}) is not held by "
                           "the keeper: a daemon crash now would lose it",

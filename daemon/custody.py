@@ -528,7 +528,7 @@ class Custody:
         may not have been applied, and withdrawals refused meanwhile were skipped. Make it
         hold exactly the durable allocations: withdraw every other key, then hand it every
         durable allocation again. Returns (withdrawn, redeposited)."""
-        durable = {a.id for a in self.ns.allocations() if a.durable and a.buffer is not None}
+        durable = {a.id for a in self.ns.allocations() if a.kept}
         extra = [key for key in self.keeper.keys() if key not in durable]
         for key in extra:
             self.keeper.withdraw(key)
@@ -538,7 +538,7 @@ class Custody:
         """After a keeper restart (or stall): hand it every durable allocation's fds again."""
         count = 0
         for alloc in self.ns.allocations():
-            if alloc.durable and alloc.buffer is not None:
+            if alloc.kept:
                 self.deposit(alloc)
                 count += 1
         with self.journal.change(durable=False):
@@ -547,6 +547,10 @@ class Custody:
 
     @staticmethod
     def require_memory(alloc: Allocation) -> None:
+        if alloc.state == "restoring":
+            raise InvalidState(f"'{alloc.path}' is being restored from a snapshot; it is "
+                               "served once the restore has checked every block",
+                               details={"errno": "EAGAIN"})
         if alloc.state == "lost":
             raise InvalidState(f"'{alloc.path}' is lost: its memory is gone (a reboot or GPU "
                                "reset); `gpumemctl recover` tells more")

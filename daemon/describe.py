@@ -64,6 +64,8 @@ def describe(node: Node, *, holders: bool = False, path: str | None = None,
         "unsealed": node.unsealed,
         "damaged": damaged_ranges(node),
         "verified": iso(node.verified_ns) if node.verified_ns else None,
+        "snapshot": node.snapshot,
+        "snapshot_time": iso(node.snapshot_ns) if node.snapshot_ns else None,
     }
     if holders:
         info["holders"] = [h.to_dict() for h in node.holders.values()]

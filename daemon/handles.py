@@ -47,6 +47,8 @@ class HandleVerbs:
     read_at: Callable[..., bytes]
     _commit_size: Callable[..., None]
     _protect_resized: Callable[..., None]
+    _refills: dict
+    abort_refill: Callable[..., None]
 
     def parity_job(self, holder: Holder) -> ParityJob | None:
         """The parity work that releasing `holder` brings (close_handle, release_mount,
@@ -300,6 +302,9 @@ class HandleVerbs:
         planned = parity or {}
         for holder in self.holders.end_session(session):
             alloc = holder.alloc
+            if holder.id in self._refills:      # a restore that did not finish
+                self.abort_refill(session, holder)
+                continue
             if holder.kind == "write" and not alloc.unlinked:
                 self.integrity.finish(planned[holder.id] if holder.id in planned
                                       else self.integrity.job_all(alloc))

@@ -44,6 +44,7 @@ from .nodes import SPECIAL_KINDS, Allocation, Directory, Node, Special, Symlink,
 from .permissions import Credentials, R, W, X, administrative_uid, require, require_owner
 from .queries import Queries
 from .quotas import Quotas
+from .refill import Refill, RefillVerbs, SnapshotRecords
 from .registry import Registry
 from .sessions import Session
 
@@ -55,7 +56,7 @@ GROWTH_FACTOR = 2
 GROWTH_CAP = 1 << 30
 
 
-class AllocationManager(HandleVerbs, Queries):
+class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
     def __init__(self, registry: Registry, backend: Backend, keeper, *,
                  fault_injection: bool = False, default_ecc: str = "rs",
                  quotas: dict[int, int] | None = None, default_quota: int | None = None,
@@ -88,6 +89,8 @@ class AllocationManager(HandleVerbs, Queries):
         self.fds_to_readers = fds_to_readers
         self.default_ecc = default_ecc
         self._dirty: set[int] = set()        # ids whose size/times await flush_times()
+        self._refills: dict[int, Refill] = {}  # refill handles by holder id (refill.py)
+        self.last_snapshots: dict[str, dict] = {}  # the administrator's newest reports
 
     @property
     def root(self) -> Directory:

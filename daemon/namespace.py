@@ -151,7 +151,8 @@ class Namespace:
                           device=row["device"], durable=bool(row["durable"]),
                           unsealed=row["unsealed"] == UNSEALED,
                           writing=row["unsealed"] == WRITING,
-                          state=row["state"], ecc=row["ecc"], verified_ns=row["verified_ns"])
+                          state=row["state"], ecc=row["ecc"], verified_ns=row["verified_ns"],
+                          snapshot=row["snapshot"], snapshot_ns=row["snapshot_ns"])
 
     def lookup(self, path: str, cred: Credentials, *, allow_root: bool = False,
                follow: bool = True) -> Node:

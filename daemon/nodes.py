@@ -169,7 +169,8 @@ class Allocation(Node):
     capacity: int | None = None
     device: str | None = None        # device UUID
     durable: bool = False
-    state: str = "pending"           # 'pending' | 'ready' | 'degraded' | 'lost' (design.md)
+    state: str = "pending"           # 'pending' | 'ready' | 'degraded' | 'lost' (design.md),
+                                     # or 'restoring' (daemon/refill.py; stored as 'lost')
     ecc: str = "rs"
     buffer: Any = None               # the backend's buffer; None while pending or lost
     parity: Any = None               # ECC parity region (daemon/parity.py); None: no ECC
@@ -185,6 +186,8 @@ class Allocation(Node):
     dirty_from: int = 1 << 63        # the range written since the last sync (manager.sync):
     dirty_to: int = 0                # its parity is stale until then; empty when from > to
     verified_ns: int | None = None   # end of the last full verify/scrub pass; None: never
+    snapshot: str | None = None      # newest snapshot reported to hold it (location/name)
+    snapshot_ns: int | None = None   # and when it was taken; None: none reported
     # Held while its parity is encoded on a worker thread (daemon/integrity.ParityJob), and
     # by the event loop before it frees or replaces the memory or touches the parity.
     parity_lock: threading.RLock = dataclasses.field(default_factory=threading.RLock,
@@ -197,6 +200,17 @@ class Allocation(Node):
     @property
     def nlink(self) -> int:
         return 0 if self.unlinked else len(self.names)
+
+    @property
+    def kept(self) -> bool:
+        """Memory the keeper should hold: durable, present, and not half-way through a
+        restore (a restore that dies must leave it lost, never adopted half-filled)."""
+        return self.durable and self.buffer is not None and self.state != "restoring"
+
+    @property
+    def stored_state(self) -> str:
+        """The state its registry row has: a restore in progress is stored as 'lost'."""
+        return "lost" if self.state == "restoring" else self.state
 
     def holders_of(self, *kinds: str) -> list[Holder]:
         return [h for h in self.holders.values() if h.kind in kinds]

@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from gpumemctl.protocol import name_bytes, name_from_bytes
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
@@ -118,6 +118,11 @@ _NODES_SQL = """
         target      TEXT,
         -- The device number of a 'chr' or 'blk' node (st_rdev); NULL for other kinds.
         rdev        INTEGER,
+        -- The newest snapshot known to hold this allocation (`gpumemctl snapshot create`
+        -- reports it: its location and name) and when it was taken (wall clock, ns);
+        -- NULL: none reported. For allocations only.
+        snapshot    TEXT,
+        snapshot_ns INTEGER,
         UNIQUE (parent, name)
     );
 """
@@ -289,9 +294,16 @@ def add_hard_links(db: sqlite3.Connection) -> None:
     execute_script(db, _LINKS_SQL)
 
 
+def add_snapshot_columns(db: sqlite3.Connection) -> None:
+    """9 -> 10 (issue 16): each allocation's newest snapshot and its time."""
+    db.execute("ALTER TABLE nodes ADD COLUMN snapshot TEXT")
+    db.execute("ALTER TABLE nodes ADD COLUMN snapshot_ns INTEGER")
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
               4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names,
-              7: add_links_and_special_files, 8: add_hard_links}
+              7: add_links_and_special_files, 8: add_hard_links,
+              9: add_snapshot_columns}
 
 
 def stored_name(name: str) -> str | bytes:

@@ -61,6 +61,7 @@ class Handle:
         self.memory = open_memory(backend, fd, info, writable)
         self.map = getattr(self.memory, "map", None)     # the mmap, on the host backend
         self._written: dict | None = None
+        self.restored: dict | None = None    # a refill handle's outcome, sent at close
 
     def _check_range(self, offset: int, length: int) -> None:
         if offset < 0 or length < 0 or offset + length > self.size:
@@ -95,7 +96,11 @@ class Handle:
         try:
             memory.close()
         finally:                 # the lock goes even if unmapping failed
-            self.client.call("close", handle=self.id, written=written)
+            if self.restored is not None:
+                self.client.call("close", handle=self.id, written=written,
+                                 restored=self.restored)
+            else:
+                self.client.call("close", handle=self.id, written=written)
 
     def __enter__(self):
         return self
@@ -250,6 +255,30 @@ class Client:
         except BaseException:
             self.call("close", handle=result["handle"], written=None)   # drop the lock
             raise
+
+    def refill(self, path: str, *, size: int, mode: int = FILE_MODE, ecc: str | None = None,
+               durable: bool = False, device: str | None = None, force: bool = False,
+               unsealed: bool = False) -> Handle:
+        """A handle to fill `path` from a snapshot (gpumemctl/snapshots): the allocation is
+        made if missing, refilled in place if `lost` (or, with `force`, if it holds data
+        the caller may write), and stays `restoring` until this handle closes with
+        `handle.restored` set ({damaged: [[start, end], ...]}); without it, it ends `lost`."""
+        result, fds = self.call_fds("refill", path=path, size=size, mode=mode, ecc=ecc,
+                                    durable=durable, device=device, force=force,
+                                    unsealed=unsealed)
+        if len(fds) != 1:
+            framing.close_fds(fds)
+            raise ProtocolError(f"'refill' answered with {len(fds)} fds, expected 1")
+        backend = result.get("backend") or self.hello.get("backend", "host")
+        try:
+            return Handle(self, result["handle"], fds[0], result["info"], True, backend)
+        except BaseException:
+            self.call("close", handle=result["handle"], written=None)
+            raise
+
+    def snapshot_report(self, **report) -> dict:
+        """Tell gpumemd what a snapshot or restore did (its events, status, metrics)."""
+        return self.call("snapshot_report", **report)
 
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         with self.open(path, "r") as h:

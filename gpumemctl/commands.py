@@ -25,6 +25,7 @@ from .actions import connect, parse_offset, want_json
 from .protocol import GpumemError, InternalError, InvalidState, UsageError, format_size, parse_size
 from .protocol.defaults import CORRUPT_PATTERN, DIR_MODE, EVENTS_LIMIT, FILE_MODE
 from .protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE, USAGE
+from .snapshot_cli import snapshot_app
 
 PROG = "gpumemctl"
 # suggest_commands=False: click suggests a near command name itself; typer's own suggestion
@@ -527,6 +528,9 @@ def scrub_stop(json_: JsonOpt = False):
         output.emit_json(st)
     else:
         output.data("scrub: stopping")
+
+
+app.add_typer(snapshot_app, name="snapshot")
 
 
 debug_app = typer.Typer(help="Fault injection for tests and drills (gpumemd "

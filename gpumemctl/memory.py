@@ -161,6 +161,30 @@ class HostMemory:
         finally:
             view.release()
 
+    def drain(self, offset: int, length: int, sink: Callable[[int, memoryview], None],
+              chunk: int = CUDA_CHUNK) -> None:
+        """Hand [offset, offset+length) to `sink(offset, view)` in order, chunk by chunk:
+        views of the mapping itself (zero-copy), valid only during the call."""
+        view = memoryview(self.map)
+        try:
+            for at in range(offset, offset + length, chunk):
+                sink(at, view[at:min(at + chunk, offset + length)])
+        finally:
+            view.release()
+
+    def fill(self, offset: int, length: int, source: Callable[[int, memoryview], None],
+             chunk: int = CUDA_CHUNK) -> None:
+        """Let `source(offset, view)` fill [offset, offset+length) chunk by chunk, writing
+        straight into the mapping."""
+        if not self.writable:
+            raise InvalidState("mapped read-only: writing is not allowed")
+        view = memoryview(self.map)
+        try:
+            for at in range(offset, offset + length, chunk):
+                source(at, view[at:min(at + chunk, offset + length)])
+        finally:
+            view.release()
+
     def close(self) -> None:
         if self.writable:
             self.map.flush()
@@ -335,6 +359,34 @@ class CudaMemory:
         if done < max(limit, 0):
             return False           # the input ended inside the allocation
         return bool(src.read(1))
+
+    def drain(self, offset: int, length: int, sink: Callable[[int, memoryview], None]) -> None:
+        """As HostMemory.drain, through the pinned staging buffers: `view` is a pinned
+        buffer, reused once `sink` returns, while the next chunk's copy is in flight."""
+        at = offset
+
+        def each(view: memoryview) -> None:
+            nonlocal at
+            sink(at, view)
+            at += len(view)
+
+        if length:
+            self.stager(length).download(self.ptr + offset, length, each)
+
+    def fill(self, offset: int, length: int, source: Callable[[int, memoryview], None]) -> None:
+        """As HostMemory.fill: `source` fills a pinned buffer, copied to the device while
+        the next one is filled."""
+        self._require_writable()
+        at = offset
+
+        def each(view: memoryview) -> int:
+            nonlocal at
+            source(at, view)
+            at += len(view)
+            return len(view)
+
+        if length:
+            self.stager(length).upload(self.ptr + offset, each, length)
 
     def _require_writable(self) -> None:
         if not self.writable:

@@ -111,9 +111,11 @@ class Progress:
         self.last = now
         rate = done / max(now - self.start, 1e-6)
         pct = f"{100 * done / self.total:5.1f}% " if self.total else ""
+        eta = f", ETA {(self.total - done) / rate:.0f} s" \
+            if self.total > done and rate > 0 else ""
         head = escape(f"{self.label}: {detail}: " if detail else f"{self.label}: ")
         sys.stderr.write(f"\r{head}{pct}{format_size(done)} at "
-                         f"{format_size(int(rate))}/s   ")
+                         f"{format_size(int(rate))}/s{eta}\x1b[K")
         sys.stderr.flush()
         self.drawn = True
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 
 from .. import offload
-from .call import Call, Reply, require_administrator
+from .call import Call, Reply, administrator, require_administrator
 
 
 async def ls(call: Call) -> Reply:
@@ -106,11 +106,29 @@ async def close(call: Call) -> Reply:
     m = call.manager
     if m.was_revoked(call.session, call.args["handle"]):
         return {"revoked": True}, []
-    job = m.parity_job(m.handle(call.session, call.args["handle"]))
+    holder = m.handle(call.session, call.args["handle"])
+    restored = call.args["restored"]
+    if m.refill_of(holder.id) is not None and restored is None:
+        m.abort_refill(call.session, holder)          # the restore gave up: lost again
+        return {}, []
+    job = m.parity_job(holder)
     await offload.parity_work(job)
+    if m.refill_of(holder.id) is not None:
+        m.integrity.finish(job)
+        return {"info": m.finish_refill(call.session, holder, restored.get("damaged", []))}, []
     m.close_handle(call.session, call.args["handle"], written=call.args["written"],
                    parity=job, planned=True)
     return {}, []
+
+
+async def refill(call: Call) -> Reply:
+    """A handle to fill an allocation from a snapshot (daemon/refill.py)."""
+    a = call.args
+    holder, fd, node = call.manager.begin_refill(
+        a["path"], call.session.cred, call.session, size=a["size"], mode=a["mode"],
+        ecc=a["ecc"], durable=a["durable"], device=a["device"], force=a["force"],
+        unsealed=a["unsealed"])
+    return {"handle": holder.id, "info": node, "backend": call.manager.backend_name}, [fd]
 
 
 async def revoke(call: Call) -> Reply:
@@ -148,3 +166,13 @@ async def seal(call: Call) -> Reply:
 async def export_dmabuf(call: Call) -> Reply:
     fd, node = call.manager.export_dmabuf(call.args["path"], call.session.cred)
     return {"info": node, "offset": 0, "size": node["capacity"]}, [fd]
+
+
+async def snapshot_report(call: Call) -> Reply:
+    """A client's account of a snapshot create, restore or verify (daemon/refill.py)."""
+    a = call.args
+    report = {k: a[k] for k in ("action", "snapshot", "location", "result", "bytes",
+                                "bytes_written", "duration_ms", "allocations",
+                                "incremental", "io")}
+    return call.manager.record_snapshot(call.session.cred, report, a["paths"] or [],
+                                        administrator(call)), []

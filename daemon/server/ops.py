@@ -26,6 +26,7 @@ from gpumemctl.protocol.defaults import (
     SCRUB_ACTION,
 )
 
+from ..refill import REPORT_ACTIONS, REPORT_RESULTS
 from . import allocations, status, streams, verify
 from .call import Call, Reply
 from .schema import REQUIRED, Arg, Kind
@@ -115,7 +116,24 @@ OPS: dict[str, Op] = {op.name: op for op in (
                 Arg("length", Kind.INT, clamp=(0, READ_COPY_BYTES),
                     what="a number of bytes (an integer)")),
        allocations.read),
-    Op("close", (HANDLE, Arg("written", Kind.OBJECT, None)), allocations.close),
+    Op("close", (HANDLE, Arg("written", Kind.OBJECT, None), Arg("restored", Kind.OBJECT, None)),
+       allocations.close),
+    # Snapshots (issue 16): the client moves the data; these let it fill memory it may
+    # write, and tell the daemon what it did (docs/snapshots.md).
+    Op("refill", (path(), Arg("size", Kind.INT, what="a size in bytes (an integer)"),
+                  Arg("mode", Kind.INT, FILE_MODE), Arg("ecc", Kind.STR, None),
+                  flag("durable"), Arg("device", Kind.DEVICE, None), flag("force"),
+                  flag("unsealed")),
+       allocations.refill),
+    Op("snapshot_report", (Arg("action", Kind.STR, REQUIRED, choices=REPORT_ACTIONS),
+                           Arg("snapshot", Kind.STR, ""),
+                           Arg("location", Kind.STR, ""),
+                           Arg("result", Kind.STR, REQUIRED, choices=REPORT_RESULTS),
+                           Arg("bytes", Kind.INT, 0), Arg("bytes_written", Kind.INT, 0),
+                           Arg("duration_ms", Kind.INT, 0), Arg("allocations", Kind.INT, 0),
+                           flag("incremental"), Arg("io", Kind.STR, ""),
+                           Arg("paths", Kind.STR_LIST, None)),
+       allocations.snapshot_report),
     Op("attach", (path(), OPEN), allocations.attach),
     Op("revoke", (path(),), allocations.revoke),
     Op("detach", (HANDLE,), allocations.detach),

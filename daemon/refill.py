@@ -1,0 +1,262 @@
+"""Refilling allocations from a snapshot: the daemon's side of `gpumemctl snapshot restore`
+(a part of the AllocationManager façade, as daemon/handles.py is).
+
+The client reads the snapshot with its own rights and writes the memory through an fd, as
+`gpumemctl write` does; the daemon decides what it may fill and when the result is served:
+
+- `begin_refill` (op `refill`): an allocation that is `lost` gets new memory; a missing name
+  is created (transient until the restore completes); an existing allocation with memory is
+  refilled only when asked (`force`). Each needs write permission. The allocation is then
+  `restoring`: nobody else may open, read or attach it (the mount answers EAGAIN), its row
+  says `lost`, and the keeper does not hold it. So a daemon crash, or a client that dies or
+  closes without saying it finished, leaves it `lost` (a created one is removed): a
+  half-restored allocation is never served as whole.
+- `finish_refill` (a `close` with `restored`): the parity is encoded (the close's parity job),
+  blocks the client found damaged in the snapshot are recorded (`degraded`, they read as
+  EIO: the client zeroed them, and zeros are not the data), the row is committed, and then a
+  durable allocation is deposited with the keeper.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError, round_up
+
+from .custody import Custody
+from .describe import describe
+from .holders import Holders
+from .integrity import Integrity
+from .journal import Journal
+from .namespace import Namespace
+from .nodes import Allocation, Holder
+from .parity import BLOCK as ECC_BLOCK
+from .permissions import Credentials, R, W, require
+from .registry import Registry
+from .sessions import Session
+
+
+@dataclasses.dataclass
+class Refill:
+    alloc: Allocation
+    created: bool           # made by this restore: removed if it does not complete
+    durable: bool           # what the snapshot says it was
+    unsealed: bool
+
+
+class RefillVerbs:
+    registry: Registry
+    journal: Journal
+    ns: Namespace
+    integrity: Integrity
+    custody: Custody
+    holders: Holders
+    backend: object
+    create: Callable[..., dict]
+    set_durable_node: Callable[..., dict]
+    _remove_holder: Callable[[Holder], None]
+    _refills: dict[int, Refill]
+
+    def begin_refill(self, path: str, cred: Credentials, session: Session, *, size: int,
+                     mode: int, ecc: str | None, durable: bool, device: str | None,
+                     force: bool, unsealed: bool):
+        """Returns (holder, fd, info) of a `write` handle on an allocation now `restoring`."""
+        if not isinstance(size, int) or size < 0:
+            raise UsageError(f"invalid size {size!r}: expected bytes, 0 or more")
+        try:
+            alloc = self.ns.lookup_allocation(path, cred)
+        except NotFound:
+            self.create(path, cred, size=size, durable=False, mode=mode, device=device,
+                        ecc=ecc, session=session)
+            alloc = self.ns.lookup_allocation(path, cred)
+            created = True
+        else:
+            created = False
+            self._require_refillable(alloc, cred, size, force)
+        if alloc.state == "lost":
+            self._give_memory(alloc, device)
+        elif not created and alloc.kept:
+            # Its old contents are given up: from now a crash must find it lost, not adopt
+            # the keeper's copy while it is half overwritten.
+            self.custody.withdraw_quietly(alloc.id)
+        self._enter_restoring(alloc, cred)
+        try:
+            fd = self.backend.export(alloc.buffer, True)       # type: ignore[attr-defined]
+            holder = self.holders.add(alloc, session, "write")
+        except BaseException:
+            self._abort(Refill(alloc, created, durable, unsealed), cred)
+            raise
+        self._refills[holder.id] = Refill(alloc, created, durable, unsealed)
+        return holder, fd, describe(alloc)
+
+    def _require_refillable(self, alloc: Allocation, cred: Credentials, size: int,
+                            force: bool) -> None:
+        require(alloc, cred, W, "restore over")
+        if alloc.state == "restoring":
+            raise Busy(f"'{alloc.path}' is being restored by another client")
+        if alloc.state != "lost" and not force:
+            raise Exists(f"'{alloc.path}' exists (state {alloc.state}): restore it under "
+                         "another name (--as PREFIX), or over it (--force)")
+        if (alloc.size or 0) != size:
+            raise UsageError(f"'{alloc.path}' has size {alloc.size} and the snapshot's copy "
+                             f"{size}: remove it first, or restore with --as PREFIX")
+        others = [h for h in alloc.holders.values() if h.kind != "lease"]
+        if others:
+            raise Busy(f"'{alloc.path}' is in use: " + ", ".join(
+                f"{h.kind} by pid {h.pid}" for h in others))
+
+    def _give_memory(self, alloc: Allocation, device: str | None) -> None:
+        """New, zeroed memory and parity for a lost allocation (not deposited yet), on the
+        device asked for, else its old one, else (gone) the first."""
+        backend = self.backend
+        try:
+            dev = backend.device(device if device is not None else alloc.device)  # type: ignore[attr-defined]
+        except NotFound:
+            if device is not None:
+                raise
+            dev = backend.device(None)                          # type: ignore[attr-defined]
+        capacity = round_up(max(alloc.size or 0, 1), dev.granularity)
+        alloc.buffer = self.custody.allocate(dev, alloc.size, capacity, alloc.ecc,
+                                             label=alloc.path)
+        if (dev.uuid, capacity) != (alloc.device, alloc.capacity):
+            with self.journal.change(durable=alloc.durable):
+                self.journal.keep(alloc, "device", "capacity")
+                alloc.device, alloc.capacity = dev.uuid, capacity
+                self.registry.update_node(alloc.id, device=dev.uuid, capacity=capacity)
+        try:
+            self.integrity.protect_new(alloc)
+        except BaseException:
+            self.custody.free(alloc)
+            raise
+
+    def _enter_restoring(self, alloc: Allocation, cred: Credentials) -> None:
+        with self.journal.change(durable=alloc.durable):
+            self.journal.keep(alloc, "state")
+            alloc.state = "restoring"
+            self.registry.update_node(alloc.id, state="lost")
+            self.journal.event("restore", alloc, cred, action="begin")
+        self.journal.node_changed(alloc)
+
+    def refill_of(self, holder_id: int) -> Refill | None:
+        return self._refills.get(holder_id)
+
+    def finish_refill(self, session: Session, holder: Holder, damaged: list) -> dict:
+        """The client wrote every block and says which it found damaged."""
+        refill = self._refills.pop(holder.id)
+        alloc, cred = refill.alloc, session.cred
+        blocks = _ecc_blocks(damaged, alloc.size or 0)
+        self._remove_holder(holder)
+        now = time.time_ns()
+        with self.journal.change(durable=alloc.durable or refill.durable):
+            self.journal.keep(alloc, "state", "modified_ns", "changed_ns", "unsealed")
+            alloc.state = "ready"
+            alloc.modified_ns = alloc.changed_ns = now
+            alloc.unsealed = refill.unsealed
+            self.registry.update_node(alloc.id, state="ready", modified_ns=now,
+                                      changed_ns=now, unsealed=1 if refill.unsealed else 0)
+            self.journal.event("restore", alloc, cred, action="done",
+                               damaged_blocks=len(blocks))
+        if blocks:
+            self.integrity.set_damage(alloc, blocks, cred,
+                                      reason="restored from a snapshot block that failed "
+                                             "its checksum")
+        if refill.durable and not alloc.durable:
+            self.set_durable_node(alloc, cred, True)
+        elif alloc.kept:
+            with self.journal.change(durable=True):
+                self.custody.deposit(alloc)
+        self.ns.data_changed(alloc)
+        return describe(alloc, holders=True)
+
+    def abort_refill(self, session: Session, holder: Holder) -> None:
+        """The handle closed without `restored`, or its session ended: not restored."""
+        refill = self._refills.pop(holder.id)
+        self._remove_holder(holder)
+        self._abort(refill, session.cred)
+
+    def _abort(self, refill: Refill, cred: Credentials) -> None:
+        alloc = refill.alloc
+        if refill.created:
+            if not alloc.unlinked:
+                with self.journal.change(durable=False):
+                    self.ns.forget(alloc)
+                    self.journal.event("restore", alloc, cred, action="abandoned")
+                alloc.unlinked = True
+            if not alloc.holders:
+                self.custody.free(alloc)
+            return
+        self.custody.free(alloc)
+        with self.journal.change(durable=alloc.durable):
+            self.journal.keep(alloc, "state")
+            alloc.state = "lost"
+            self.registry.update_node(alloc.id, state="lost")
+            self.journal.event("lost", alloc, cred, reason="a restore from a snapshot did "
+                               "not complete")
+        self.journal.node_changed(alloc)
+
+
+REPORT_ACTIONS = ("create", "restore", "verify")
+REPORT_RESULTS = ("ok", "damaged", "failed", "partial")
+MAX_REPORTED_PATHS = 100_000
+
+
+class SnapshotRecords:
+    """What clients report of their snapshots (op `snapshot_report`): each report is an
+    event; a successful create stamps each allocation it names (that the caller may read)
+    with the snapshot and its time (`info`, `ls -l`, the monitor); and the administrator's
+    newest report of each action is what `status` and `gpumemctl metrics` show, since a
+    report is the client's word and only the administrator's speaks for the host."""
+
+    registry: Registry
+    journal: Journal
+    ns: Namespace
+    last_snapshots: dict[str, dict]
+
+    def record_snapshot(self, cred: Credentials, report: dict, paths: list[str],
+                        administrator: bool) -> dict:
+        action, result = report["action"], report["result"]
+        if action not in REPORT_ACTIONS or result not in REPORT_RESULTS:
+            raise UsageError(f"invalid snapshot report: action {action!r} (expected one of "
+                             f"{', '.join(REPORT_ACTIONS)}), result {result!r} (expected one "
+                             f"of {', '.join(REPORT_RESULTS)})")
+        if len(paths) > MAX_REPORTED_PATHS:
+            raise UsageError(f"a snapshot report names {len(paths)} allocations: at most "
+                             f"{MAX_REPORTED_PATHS}")
+        now = time.time_ns()
+        stamped = 0
+        with self.journal.change(durable=False):
+            if action == "create" and result == "ok":
+                stamped = self._stamp(paths, cred, report["location"], now)
+            self.journal.event("snapshot", None, cred, **report)
+        if administrator:
+            self.last_snapshots[action] = {**report, "time_ns": now, "uid": cred.uid}
+        return {"recorded": True, "stamped": stamped}
+
+    def _stamp(self, paths: list[str], cred: Credentials, location: str, now: int) -> int:
+        stamped = 0
+        for path in paths:
+            try:
+                alloc = self.ns.lookup_allocation(path, cred)
+                require(alloc, cred, R)
+            except GpumemError:
+                continue               # gone since, or not the caller's to vouch for
+            self.journal.keep(alloc, "snapshot", "snapshot_ns")
+            alloc.snapshot, alloc.snapshot_ns = location, now
+            self.registry.update_node(alloc.id, snapshot=location, snapshot_ns=now)
+            stamped += 1
+        return stamped
+
+
+def _ecc_blocks(ranges: list, size: int) -> set[int]:
+    """Byte ranges [[start, end], ...] as the daemon's 128 KiB damage blocks."""
+    out: set[int] = set()
+    if not isinstance(ranges, list):
+        raise UsageError("restored.damaged must be a list of [start, end] byte ranges")
+    for r in ranges[:1_000_000]:
+        if not (isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r)
+                and 0 <= r[0] < r[1] <= max(size, 1)):
+            raise UsageError(f"invalid damaged range {r!r}: expected [start, end] within "
+                             f"0..{size}")
+        out.update(range(r[0] // ECC_BLOCK, -(-r[1] // ECC_BLOCK)))
+    return out

@@ -1,0 +1,543 @@
+"""Snapshots taken and restored by a client: `gpumemctl snapshot ...` (docs/snapshots.md).
+
+The data moves in the caller's process, with the caller's rights on both sides: gpumemd hands
+it each allocation's memory by fd after its usual permission checks (a read handle to take a
+snapshot, a `refill` handle to restore one), and the store is opened with the caller's own
+file-system or S3 credentials. The daemon never opens a path a client names.
+
+Consistency: an allocation is read under a read handle, and the daemon's one-writer rule keeps
+every writer out while it is held, so each allocation's data in a snapshot is one moment's.
+An `unsealed` allocation (an attached writer ended without seal) has no writer to wait for:
+it is copied as it is, and the manifest and the restored allocation say `unsealed`.
+
+Crash safety: data objects are written and fsynced first, the manifest last by an atomic
+rename (or one PUT), so a snapshot exists whole or not at all; a `lock.json` marks one being
+written, and one without a manifest is `partial` to `snapshot ls` and removable by
+`snapshot rm`. A restore refills each allocation through a handle in state `restoring`:
+until the daemon hears it completed, the allocation is not served, and a restore that dies
+leaves it `lost`, never half-filled and `ready`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+
+from ..protocol import (
+    Busy,
+    Exists,
+    GpumemError,
+    InvalidState,
+    NotFound,
+    PermissionDenied,
+    UsageError,
+)
+from . import manifest as fmt
+from .manifest import BLOCK, SnapshotDamaged
+from .stores import io_pool, open_store
+
+Progress = Callable[[int, int, str], None]     # (bytes done, bytes total, detail)
+HASH_GROUP = 8                                   # blocks per checksum task
+
+
+def _noop(done: int, total: int, detail: str = "") -> None:
+    pass
+
+
+# ---- naming a store or one snapshot in it ---------------------------------------------------
+def split_location(location: str) -> tuple[str, str | None]:
+    """`DEST` or `DEST/snap-...`: the store's location and the snapshot named, if any."""
+    fmt.check_location(location)
+    head, _, last = location.rstrip("/").rpartition("/")
+    if fmt.NAME_RE.fullmatch(last):
+        return (head or "."), last
+    return location, None
+
+
+def load_manifest(store, name: str) -> dict:
+    raw = store.read(f"{name}/{fmt.MANIFEST}", fmt.MAX_MANIFEST)
+    if raw is None:
+        raise NotFound(f"snapshot {store.where(name)} has no manifest: it is partial (its "
+                       "creation did not finish); `gpumemctl snapshot rm` removes it")
+    if len(raw) > fmt.MAX_MANIFEST:
+        raise SnapshotDamaged(f"{store.where(name)}: the manifest is larger than "
+                              f"{fmt.MAX_MANIFEST} bytes")
+    manifest = fmt.parse(raw, store.where(f"{name}/{fmt.MANIFEST}"))
+    if manifest["name"] != name:
+        raise SnapshotDamaged(f"{store.where(name)}: its manifest names another snapshot "
+                              f"({manifest['name']})")
+    return manifest
+
+
+def newest_complete(store) -> str | None:
+    for name in reversed(store.names()):
+        if store.read(f"{name}/{fmt.MANIFEST}", 0) is not None:
+            return name
+    return None
+
+
+# ---- which allocations ------------------------------------------------------------------
+def select(client, names: list[str]) -> tuple[list[dict], list[dict]]:
+    """Allocation entries to snapshot, once each (hard links by id), and what was passed
+    over. No names: every durable allocation the caller can see."""
+    if not names:
+        entries = [e for e in client.ls("", recursive=True)
+                   if e["type"] == "allocation" and e.get("durable")]
+    else:
+        entries = []
+        for name in names:
+            node = client.info(name)
+            if node["type"] == "directory":
+                entries += [e for e in client.ls(node["path"], recursive=True)
+                            if e["type"] == "allocation"]
+            elif node["type"] == "allocation":
+                entries.append(node)
+            else:
+                raise UsageError(f"'{name}' is a {node['type']}: a snapshot holds "
+                                 "allocations (name them or their directories)")
+    chosen: dict[int, dict] = {}
+    for e in entries:
+        first = chosen.setdefault(e["id"], {**e, "names": [e["path"]]})
+        if first is not e and e["path"] not in first["names"]:
+            first["names"].append(e["path"])
+    return list(chosen.values()), []
+
+
+# ---- create -----------------------------------------------------------------------------
+class _Writing:
+    """One allocation's data object, opened at its first changed block."""
+
+    def __init__(self, store, key: str):
+        self.store, self.key, self.w = store, key, None
+        self.written = 0
+
+    def write(self, view: memoryview) -> int:
+        if self.w is None:
+            self.w = self.store.writer(self.key)
+        at = self.written
+        self.w.write(view)
+        self.written += len(view)
+        return at
+
+    def commit(self) -> None:
+        if self.w is not None:
+            self.w.commit()
+
+    def abort(self) -> None:
+        if self.w is not None:
+            self.w.abort()
+
+
+def _hashes(view: memoryview) -> list[str]:
+    """The checksum of each block of `view`, computed on the I/O pool."""
+    n = fmt.block_count(len(view))
+    groups = [(g, min(g + HASH_GROUP, n)) for g in range(0, n, HASH_GROUP)]
+
+    def run(span):
+        return [fmt.block_hash(view[b * BLOCK:(b + 1) * BLOCK]) for b in range(*span)]
+    if len(groups) == 1:
+        return run(groups[0])
+    out: list[str] = []
+    for f in [io_pool().submit(run, g) for g in groups]:
+        out += f.result()
+    return out
+
+
+def _base_locations(base: dict | None, path: str, size: int):
+    """For an incremental snapshot: the previous snapshot's checksum and location of each
+    block of the allocation at `path`, if it had the same size (else nothing is reused)."""
+    if base is None:
+        return None
+    for entry in base["allocations"]:
+        if entry["path"] == path and entry["size"] == size:
+            where = {b: (key, off) for b, key, off, _n in fmt.extent_blocks(entry)}
+            return entry["blocks"], where
+    return None
+
+
+def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict | None,
+                  advance: Callable[[int], None]) -> dict:
+    info = handle.info
+    size = info["size"] or 0
+    data = _Writing(store, fmt.data_key(name, index))
+    reuse = _base_locations(base, entry["path"], size)
+    blocks: list[str] = []
+    places: list[tuple[str, int]] = []       # per block: (object key, byte offset)
+
+    def sink(at: int, view: memoryview) -> None:
+        first = at // BLOCK
+        future = io_pool().submit(_hashes, view)
+        if reuse is None:
+            off = data.write(view)           # meanwhile the checksums are computed
+            sums = future.result()
+            places.extend((data.key, off + k * BLOCK) for k in range(len(sums)))
+        else:
+            sums = future.result()
+            for k, h in enumerate(sums):
+                b = first + k
+                if reuse[0][b] == h:
+                    places.append(reuse[1][b])
+                else:
+                    off = data.write(view[k * BLOCK:(k + 1) * BLOCK])
+                    places.append((data.key, off))
+        blocks.extend(sums)
+        advance(len(view))
+
+    try:
+        handle.memory.drain(0, size, sink)
+        data.commit()
+    except BaseException:
+        data.abort()
+        raise
+    return {
+        "path": entry["path"], "names": entry["names"][1:], "id": info["id"],
+        "size": size, "capacity": info.get("capacity"), "mode": int(info["mode"], 8),
+        "uid": info["uid"], "gid": info["gid"], "durable": bool(info.get("durable")),
+        "ecc": info.get("ecc") or "none", "device": info.get("device"),
+        "unsealed": bool(info.get("unsealed")), "modified": info.get("modified"),
+        "metadata": info.get("metadata") or {},
+        "blocks": blocks, "extents": _extents(places),
+        "written": data.written,
+    }
+
+
+def _extents(places: list[tuple[str, int]]) -> list[list]:
+    out: list[list] = []
+    for b, (key, off) in enumerate(places):
+        last = out[-1] if out else None
+        if last and last[2] == key and last[3] + last[1] * BLOCK == off:
+            last[1] += 1
+        else:
+            out.append([b, 1, key, off])
+    return out
+
+
+def create(client, location: str, names: list[str], *, incremental: bool = False,
+           progress: Progress = _noop, backend: str = "host") -> dict:
+    """Snapshot the allocations into a new snapshot in the store at `location`."""
+    store_loc, named = split_location(location)
+    if named:
+        raise UsageError(f"{location} names a snapshot; `snapshot create` takes the store "
+                         f"it goes in ({store_loc})")
+    store = open_store(store_loc, create=True)
+    entries, _ = select(client, names)
+    base_name = newest_complete(store) if incremental else None
+    base = load_manifest(store, base_name) if base_name else None
+    name = fmt.new_name()
+    started = time.monotonic()
+    store.begin(name)
+    store.put_atomic(f"{name}/{fmt.LOCK}", json.dumps(
+        {"host": socket.gethostname(), "pid": os.getpid(), "started_ns": time.time_ns(),
+         "uid": os.getuid()}).encode())
+    total = sum(e.get("size") or 0 for e in entries)
+    done = 0
+    allocations: list[dict] = []
+    skipped: list[dict] = []
+
+    for index, entry in enumerate(entries):
+        try:
+            handle = client.open(entry["path"], "r")
+        except (Busy, PermissionDenied, InvalidState, NotFound) as exc:
+            if names and isinstance(exc, PermissionDenied):
+                raise
+            skipped.append({"path": entry["path"], "reason": exc.name, "message": str(exc)})
+            total -= entry.get("size") or 0
+            continue
+
+        def advance(n: int, path=entry["path"], total=total) -> None:
+            nonlocal done
+            done += n
+            progress(done, total, path)
+
+        with handle:
+            allocations.append(_snapshot_one(handle, entry, store, name, index, base,
+                                             advance))
+    store.sync_dir(f"{name}/data") if store.kind == "dir" else None
+    written = sum(a.pop("written") for a in allocations)
+    manifest = {
+        "format": fmt.FORMAT, "version": fmt.VERSION, "name": name,
+        "created_ns": time.time_ns(), "host": socket.gethostname(), "uid": os.getuid(),
+        "backend": backend, "block_size": BLOCK, "hash": fmt.HASH,
+        "parent": base_name, "allocations": allocations,
+        "bytes": sum(a["size"] for a in allocations), "bytes_written": written,
+    }
+    store.put_atomic(f"{name}/{fmt.MANIFEST}", fmt.seal(manifest))
+    store.delete(f"{name}/{fmt.LOCK}")
+    seconds = time.monotonic() - started
+    return {"snapshot": name, "location": store.where(name), "store": store_loc,
+            "incremental": base is not None, "parent": base_name, "io": _io_kind(store),
+            "allocations": [_brief(a) for a in allocations], "skipped": skipped,
+            "bytes": manifest["bytes"], "bytes_written": written,
+            "seconds": round(seconds, 6),
+            "rate": int(manifest["bytes"] / seconds) if seconds > 0 else None}
+
+
+def _io_kind(store) -> str:
+    return "s3" if store.kind == "s3" else "posix"
+
+
+def _brief(a: dict) -> dict:
+    return {"path": a["path"], "size": a["size"], "durable": a["durable"],
+            "unsealed": a["unsealed"], "blocks": len(a["blocks"])}
+
+
+# ---- restore ----------------------------------------------------------------------------
+class _Readers:
+    def __init__(self, store):
+        self.store, self.open = store, {}
+
+    def get(self, key: str):
+        if key not in self.open:
+            self.open[key] = self.store.reader(key)
+        return self.open[key]
+
+    def close(self) -> None:
+        for r in self.open.values():
+            r.close()
+
+
+def _fill_chunk(at: int, view: memoryview, entry: dict, places: dict, readers: _Readers,
+                bad: list[int]) -> None:
+    """Fill `view` (bytes [at, at+len) of the allocation) from the store, checking each
+    block; a block that fails is zeroed and listed in `bad`, never left as data."""
+    first, n = at // BLOCK, fmt.block_count(len(view))
+
+    def one(k: int) -> int | None:
+        b = first + k
+        piece = view[k * BLOCK:k * BLOCK + min(BLOCK, len(view) - k * BLOCK)]
+        key, off = places[b]
+        try:
+            readers.get(key).read_into(off, piece)
+            if fmt.block_hash(piece) == entry["blocks"][b]:
+                return None
+        except SnapshotDamaged:
+            pass
+        piece[:] = bytes(len(piece))
+        return b
+
+    groups = [range(g, min(g + HASH_GROUP, n)) for g in range(0, n, HASH_GROUP)]
+    futures = [io_pool().submit(lambda g: [one(k) for k in g], g) for g in groups]
+    for f in futures:
+        bad += [b for b in f.result() if b is not None]
+
+
+def _target(path: str, prefix: str | None) -> str:
+    return f"{prefix.strip('/')}/{path}" if prefix else path
+
+
+def restore(client, location: str, names: list[str], *, as_prefix: str | None = None,
+            device: str | None = None, force: bool = False,
+            progress: Progress = _noop) -> dict:
+    store_loc, named = split_location(location)
+    store = open_store(store_loc)
+    name = named or newest_complete(store)
+    if name is None:
+        raise NotFound(f"{location} holds no complete snapshot")
+    manifest = load_manifest(store, name)
+    entries = _restore_selection(manifest, names)
+    total = sum(e["size"] for e in entries)
+    done, started = 0, time.monotonic()
+    results: list[dict] = []
+    failures: list[GpumemError] = []
+    readers = _Readers(store)
+    try:
+        for entry in entries:
+            target = _target(entry["path"], as_prefix)
+            try:
+                result = _restore_one(client, entry, target, device, force, readers,
+                                      lambda n, base=done, t=target: progress(base + n, total, t))
+            except GpumemError as exc:
+                failures.append(exc)
+                results.append({"path": target, "from": entry["path"], "result": exc.name,
+                                "message": str(exc)})
+            else:
+                results.append(result)
+            done += entry["size"]
+    finally:
+        readers.close()
+    seconds = time.monotonic() - started
+    damaged = [r for r in results if r.get("damaged")]
+    return {"snapshot": name, "location": store.where(name), "io": _io_kind(store),
+            "allocations": results, "damaged": len(damaged), "failed": len(failures),
+            "bytes": total, "seconds": round(seconds, 6),
+            "rate": int(total / seconds) if seconds > 0 else None,
+            "_failures": failures}
+
+
+def _restore_selection(manifest: dict, names: list[str]) -> list[dict]:
+    entries = manifest["allocations"]
+    if not names:
+        return entries
+    picked = []
+    for name in names:
+        name = name.strip("/")
+        hits = [e for e in entries if e["path"] == name or e["path"].startswith(name + "/")]
+        if not hits:
+            raise NotFound(f"snapshot {manifest['name']} holds no allocation '{name}'")
+        picked += [e for e in hits if e not in picked]
+    return picked
+
+
+def _restore_one(client, entry: dict, target: str, device: str | None, force: bool,
+                 readers: _Readers, advance: Callable[[int], None]) -> dict:
+    places = {b: (key, off) for b, key, off, _n in fmt.extent_blocks(entry)}
+    handle = client.refill(target, size=entry["size"], mode=entry["mode"], ecc=entry["ecc"],
+                           durable=entry["durable"], device=device, force=force,
+                           unsealed=entry.get("unsealed", False))
+    bad: list[int] = []
+    moved = 0
+
+    def source(at: int, view: memoryview) -> None:
+        nonlocal moved
+        _fill_chunk(at, view, entry, places, readers, bad)
+        moved += len(view)
+        advance(moved)
+
+    with handle:
+        handle.memory.fill(0, entry["size"], source)
+        ranges = fmt.ranges_of(bad, entry["size"])
+        handle.restored = {"damaged": ranges}
+    for extra in entry.get("names") or []:
+        try:
+            client.link(target, _target(extra, None if target == entry["path"] else
+                                        target[:len(target) - len(entry["path"])]))
+        except Exists:
+            pass
+    return {"path": target, "from": entry["path"], "size": entry["size"],
+            "result": "degraded" if ranges else "ok", "damaged": ranges}
+
+
+# ---- verify, ls, rm ---------------------------------------------------------------------
+def verify(location: str, progress: Progress = _noop) -> dict:
+    """Check manifests and every block of every snapshot named (one, or all in a store)."""
+    store_loc, named = split_location(location)
+    store = open_store(store_loc)
+    names = [named] if named else store.names()
+    report = []
+    for name in names:
+        report.append(_verify_one(store, name, progress))
+    bad = [r for r in report if r["result"] == "damaged"]
+    return {"location": location, "snapshots": report, "damaged": len(bad)}
+
+
+def _verify_one(store, name: str, progress: Progress) -> dict:
+    try:
+        manifest = load_manifest(store, name)
+    except NotFound:
+        retired = store.read(f"{name}/{fmt.RETIRED}", 0) is not None
+        return {"snapshot": name, "result": "retired" if retired else "partial",
+                "problems": []}
+    except SnapshotDamaged as exc:
+        return {"snapshot": name, "result": "damaged", "problems": [{"message": str(exc)}]}
+    readers = _Readers(store)
+    problems = []
+    total = sum(e["size"] for e in manifest["allocations"])
+    done = 0
+    buf = bytearray(BLOCK * HASH_GROUP)
+    try:
+        for entry in manifest["allocations"]:
+            places = {b: (key, off) for b, key, off, _n in fmt.extent_blocks(entry)}
+            bad: list[int] = []
+            size = entry["size"]
+            for at in range(0, size, len(buf)):
+                view = memoryview(buf)[:min(len(buf), size - at)]
+                _fill_chunk(at, view, entry, places, readers, bad)
+                done += len(view)
+                progress(done, total, f"{name} {entry['path']}")
+            if bad:
+                problems.append({"path": entry["path"], "ranges": fmt.ranges_of(bad, size),
+                                 "message": f"{len(bad)} block(s) of '{entry['path']}' fail "
+                                            "their checksum or are missing"})
+    finally:
+        readers.close()
+    return {"snapshot": name, "result": "damaged" if problems else "ok",
+            "problems": problems, "allocations": len(manifest["allocations"]),
+            "bytes": total}
+
+
+def list_snapshots(location: str) -> list[dict]:
+    store_loc, named = split_location(location)
+    store = open_store(store_loc)
+    out = []
+    for name in ([named] if named else store.names()):
+        out.append(_describe(store, name))
+    return out
+
+
+def _describe(store, name: str) -> dict:
+    row: dict = {"snapshot": name, "location": store.where(name)}
+    try:
+        m = load_manifest(store, name)
+    except NotFound:
+        lock = store.read(f"{name}/{fmt.LOCK}", 4096)
+        if store.read(f"{name}/{fmt.RETIRED}", 0) is not None:
+            row.update(state="retired")       # removed; newer snapshots still use its data
+        else:
+            row.update(state="in progress" if lock and _writer_alive(lock) else "partial")
+        return row
+    except SnapshotDamaged as exc:
+        row.update(state="damaged", message=str(exc))
+        return row
+    row.update(state="complete", created_ns=m["created_ns"], parent=m["parent"],
+               allocations=len(m["allocations"]), bytes=m["bytes"],
+               bytes_written=m["bytes_written"], host=m.get("host"))
+    return row
+
+
+def _writer_alive(lock: bytes) -> bool:
+    """A partial snapshot still being written: by a live process on this host."""
+    try:
+        info = json.loads(lock)
+        if info.get("host") != socket.gethostname():
+            return True           # cannot tell: another host's; treat as in progress
+        os.kill(int(info["pid"]), 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except (ValueError, KeyError, TypeError, PermissionError):
+        return True
+
+
+def remove(location: str, keep: int | None) -> dict:
+    """`snapshot rm`: one named snapshot, or all but the newest `keep` complete ones and
+    every partial one no longer being written. Data that a kept snapshot refers to stays."""
+    store_loc, named = split_location(location)
+    store = open_store(store_loc)
+    names = store.names()
+    if named:
+        if named not in names:
+            raise NotFound(f"no snapshot {location}")
+        doomed = [named]
+    elif keep is None:
+        raise UsageError(f"{location} holds {len(names)} snapshot(s): name one "
+                         f"({store_loc.rstrip('/')}/snap-...) or give --keep N")
+    else:
+        rows = {n: _describe(store, n) for n in names}
+        complete = [n for n in names if rows[n]["state"] == "complete"]
+        kept = set(complete[len(complete) - keep:]) if keep else set()
+        doomed = [n for n in names if n not in kept and rows[n]["state"] != "in progress"]
+    survivors = [n for n in names if n not in doomed]
+    referenced: set[str] = set()
+    for n in survivors:
+        try:
+            referenced |= fmt.keys_of(load_manifest(store, n))
+        except (NotFound, SnapshotDamaged):
+            pass
+    removed, kept_objects = [], 0
+    for n in doomed:
+        kept_here = [key for key in store.keys(n) if key in referenced]
+        if kept_here:
+            store.put_atomic(f"{n}/{fmt.RETIRED}", b"{}")
+        store.delete(f"{n}/{fmt.MANIFEST}")        # first: it stops being a snapshot
+        for key in store.keys(n):
+            if key not in referenced and not key.endswith(fmt.RETIRED):
+                store.delete(key)
+        if not kept_here:
+            store.delete(f"{n}/{fmt.RETIRED}")
+        store.finish_removal(n)
+        kept_objects += len(kept_here)
+        removed.append(n)
+    return {"location": location, "removed": removed, "kept": survivors,
+            "objects_kept_for_newer": kept_objects}

@@ -1,0 +1,224 @@
+"""Where snapshots live: a directory (local disk, NFS, Lustre, 3FS: anything mounted) or an
+S3-compatible bucket (gpumemctl/snapshots/s3.py). Both offer the same few calls, so the
+engine (gpumemctl/snapshots/engine.py) never knows which one it writes to.
+
+A store's objects have keys `snap-.../manifest.json`, `snap-.../lock.json` and
+`snap-.../data/<n>.bin` (gpumemctl/snapshots/manifest.py). Large objects are written in order
+by an ObjectWriter and read back by byte range through an ObjectReader; small ones
+(manifest, lock) whole. `put_atomic` is the commit point: readers see the old state or the
+new one, never half of it.
+
+The directory store writes what it makes private to its creator (directories 0700, files
+0600): a snapshot holds the data of every allocation its creator could read. Share a store
+across a fleet by granting access to it on purpose (docs/snapshots.md).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..protocol import NotFound, PermissionDenied, UsageError
+from .manifest import NAME_RE, SnapshotDamaged
+
+PIECE = 8 << 20            # a write or read is cut into pieces of this size for the I/O pool
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def io_pool() -> ThreadPoolExecutor:
+    """Threads for file I/O and checksums: preadv/pwrite and xxhash release the GIL."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=min(16, max(4, os.cpu_count() or 1)),
+                                       thread_name_prefix="gpumemctl-snap")
+        return _pool
+
+
+def open_store(location: str, *, create: bool = False):
+    """The store at `location`: `s3://bucket/prefix` or a directory path."""
+    if location.startswith("s3://"):
+        from .s3 import S3Store
+        return S3Store(location)
+    return DirStore(location, create=create)
+
+
+def _os_error(exc: OSError, what: str) -> Exception:
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return PermissionDenied(f"permission denied: {what}")
+    if exc.errno == errno.ENOENT:
+        return NotFound(f"{what}: no such file or directory")
+    return UsageError(f"{what}: {exc.strerror}")
+
+
+class DirWriter:
+    """A data object written in order, each view cut into pieces written in parallel."""
+
+    def __init__(self, path: str):
+        self.path, self.tmp = path, path + ".partial"
+        self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.offset = 0
+
+    def write(self, view: memoryview) -> None:
+        """Returns once every byte of `view` is written (the caller reuses the buffer)."""
+        base = self.offset
+        pieces = [(view[o:o + PIECE], base + o) for o in range(0, len(view), PIECE)]
+        if len(pieces) == 1:
+            _pwrite_all(self.fd, *pieces[0])
+        else:
+            for f in [io_pool().submit(_pwrite_all, self.fd, p, at) for p, at in pieces]:
+                f.result()
+        self.offset += len(view)
+
+    def commit(self) -> None:
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = -1
+        os.rename(self.tmp, self.path)
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+
+def _pwrite_all(fd: int, piece: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(piece):
+        done += os.pwrite(fd, piece[done:], offset + done)
+
+
+class DirReader:
+    def __init__(self, path: str, key: str):
+        self.key = key
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise SnapshotDamaged(f"data object {key} is missing") from None
+        self.size = os.fstat(self.fd).st_size
+
+    def read_into(self, offset: int, view: memoryview) -> None:
+        """Fill `view` with the bytes at `offset`; SnapshotDamaged where the object is short."""
+        pieces = [(view[o:o + PIECE], offset + o) for o in range(0, len(view), PIECE)]
+        if len(pieces) == 1:
+            got = [_pread_all(self.fd, *pieces[0])]
+        else:
+            got = [f.result() for f in [io_pool().submit(_pread_all, self.fd, p, at)
+                                        for p, at in pieces]]
+        if sum(got) != len(view):
+            raise SnapshotDamaged(f"data object {self.key} ends at {self.size} bytes, before "
+                                  f"{offset + len(view)}")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _pread_all(fd: int, piece: memoryview, offset: int) -> int:
+    got = 0
+    while got < len(piece):
+        n = os.preadv(fd, [piece[got:]], offset + got)
+        if not n:
+            break
+        got += n
+    return got
+
+
+class DirStore:
+    kind = "dir"
+
+    def __init__(self, location: str, *, create: bool = False):
+        self.location = location
+        self.root = os.path.abspath(location)
+        if create:
+            try:
+                os.makedirs(self.root, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                raise _os_error(exc, f"cannot create snapshot directory {location}") from None
+        if not os.path.isdir(self.root):
+            raise NotFound(f"snapshot store {location}: no such directory")
+
+    def _path(self, key: str) -> str:
+        # Keys come from NAME_RE/KEY_RE-checked names only (manifest.py); never a user path.
+        return os.path.join(self.root, key)
+
+    def where(self, key: str = "") -> str:
+        return self._path(key) if key else self.location
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self.root) if NAME_RE.fullmatch(n))
+        except OSError as exc:
+            raise _os_error(exc, f"cannot list {self.location}") from None
+
+    def begin(self, snapshot: str) -> None:
+        try:
+            os.mkdir(self._path(snapshot), 0o700)
+            os.mkdir(self._path(f"{snapshot}/data"), 0o700)
+        except OSError as exc:
+            raise _os_error(exc, f"cannot write to {self.location}") from None
+
+    def read(self, key: str, limit: int) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read(limit + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _os_error(exc, f"cannot read {self._path(key)}") from None
+
+    def put_atomic(self, key: str, data: bytes) -> None:
+        """Write whole, fsync, rename over, fsync the directory: old or new, never half."""
+        path = self._path(key)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _pwrite_all(fd, memoryview(data), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+        self.sync_dir(os.path.dirname(key))
+
+    def sync_dir(self, key: str = "") -> None:
+        fd = os.open(self._path(key) if key else self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def writer(self, key: str) -> DirWriter:
+        return DirWriter(self._path(key))
+
+    def reader(self, key: str) -> DirReader:
+        return DirReader(self._path(key), key)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(key))
+
+    def keys(self, snapshot: str) -> list[str]:
+        """Every object of one snapshot (partial data objects included)."""
+        out = []
+        base = self._path(snapshot)
+        for dirpath, _dirs, files in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root)
+            out += [f"{rel}/{f}" for f in files]
+        return sorted(out)
+
+    def finish_removal(self, snapshot: str) -> None:
+        """Drop the snapshot's directories once its objects are gone (what is still
+        referenced keeps them)."""
+        for sub in (f"{snapshot}/data", snapshot):
+            with contextlib.suppress(OSError):
+                os.rmdir(self._path(sub))
+
+    def object_size(self, key: str) -> int | None:
+        try:
+            return os.stat(self._path(key)).st_size
+        except FileNotFoundError:
+            return None
