@@ -126,6 +126,14 @@ def _bool(value) -> bool:
     return value
 
 
+def _snapshot_dir(value) -> str | None:
+    if isinstance(value, str) and value.startswith("s3://"):
+        if len(value) <= len("s3://") or "\0" in value:
+            raise BadValue("expected s3://bucket/prefix")
+        return value
+    return _path(True)(value)
+
+
 def _default_quota(value) -> int | float | None:
     """default_quota: "none", a size, or a share of all devices' memory ("50%", a float in
     (0, 1] here; daemon/main.py turns it into bytes once the backend is known)."""
@@ -241,6 +249,18 @@ KEYS: tuple[Key, ...] = (
         "under systemd older than 254, the unit's FileDescriptorStoreMax= (newer ones tell "
         "gpumemd in $FDSTORE, which wins): past it, making memory durable exits 7, as "
         "systemd would drop the descriptors", _count(1, 1 << 32)),
+    Key("snapshot_dir", "string", '"" (none)',
+        "where the automatic snapshots go and come from: an absolute directory (local disk, "
+        "or NFS/Lustre/3FS shared by a fleet) or s3://bucket/prefix "
+        "(docs/snapshots.md)", _snapshot_dir),
+    Key("snapshot_on_stop", "boolean", "false",
+        "a clean stop (systemctl stop, shutdown) first snapshots every durable allocation "
+        "into snapshot_dir, incrementally; size the unit's TimeoutStopSec= for it "
+        "(docs/operations.md)", _bool),
+    Key("restore_on_start", "boolean", "false",
+        "allocations found lost at start (a reboot, a GPU reset) are restored from the "
+        "newest snapshot in snapshot_dir, in the background, each served once it is whole",
+        _bool),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -270,6 +290,9 @@ class Config:
     default_quota: int | float | None = None
     cuda_fds_to_readers: bool | None = None
     fd_store_max: int | None = None
+    snapshot_dir: str | None = None
+    snapshot_on_stop: bool | None = None
+    restore_on_start: bool | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -380,5 +403,11 @@ def apply(args, config: Config) -> None:
     args.max_names_per_uid = config.max_names_per_uid or DEFAULT_MAX_NAMES_PER_UID
     args.max_handles_per_uid = config.max_handles_per_uid or DEFAULT_MAX_HANDLES_PER_UID
     args.fd_store_max = config.fd_store_max or DEFAULT_FD_STORE_MAX
+    args.snapshot_dir = config.snapshot_dir
+    args.snapshot_on_stop = bool(config.snapshot_on_stop)
+    args.restore_on_start = bool(config.restore_on_start)
+    if (args.snapshot_on_stop or args.restore_on_start) and not args.snapshot_dir:
+        raise ConfigError(f"{config.path}: snapshot_on_stop and restore_on_start need "
+                          "snapshot_dir: where the snapshots go")
     args.config_path = config.path
 

@@ -551,6 +551,10 @@ class Custody:
             raise InvalidState(f"'{alloc.path}' is being restored from a snapshot; it is "
                                "served once the restore has checked every block",
                                details={"errno": "EAGAIN"})
+        if alloc.state == "lost" and alloc.restore_queued:
+            raise InvalidState(f"'{alloc.path}' is lost and queued for restore from a "
+                               "snapshot (restore_on_start): it is served once restored",
+                               details={"errno": "EAGAIN"})
         if alloc.state == "lost":
             raise InvalidState(f"'{alloc.path}' is lost: its memory is gone (a reboot or GPU "
                                "reset); `gpumemctl recover` tells more")

@@ -59,6 +59,13 @@ class HandleVerbs:
             return self.integrity.job_all(holder.alloc)
         return self.sync_job(holder.alloc) if holder.kind == "mount-w" else None
 
+    def changes(self, session: Session, holder_id: int, reset: bool) -> dict:
+        """Op `changes`: what changed since the allocation's last reset, asked under a read
+        handle of this session, so that no writer can come between the answer and the
+        snapshot's read (Integrity.take_changes)."""
+        holder = self.holders.find(session, holder_id, ("read",), "read handle")
+        return self.integrity.take_changes(holder.alloc, reset)
+
     def handle(self, session: Session, holder_id: int) -> Holder:
         """An open handle of this session (for close's step one)."""
         return self.holders.find(session, holder_id, HANDLE_KINDS.values(), "open handle")
@@ -97,6 +104,8 @@ class HandleVerbs:
         self.holders.require_lockable(alloc, writable)
         if writable and kinds[mode] == "write":
             self.integrity.writes_begin(alloc)   # the client writes through its fd from now
+        if writable and kinds[mode] == "attach-w":
+            self.integrity.changed_all(alloc)    # it may write anywhere, unseen
         fd = self.backend.export(alloc.buffer, writable)
         try:
             holder = self.holders.add(alloc, session, kinds[mode])
@@ -212,7 +221,9 @@ class HandleVerbs:
         alloc = self.ns.lookup_allocation(path, cred)
         require(alloc, cred, R | W)
         self.custody.require_memory(alloc)
-        return self.backend.export_dmabuf(alloc.buffer), describe(alloc)
+        fd = self.backend.export_dmabuf(alloc.buffer)
+        alloc.untracked = True      # a NIC may write it at any time: no change is seen
+        return fd, describe(alloc)
 
     def close_handle(self, session: Session, holder_id: int, *, written: dict | None = None,
                      parity: ParityJob | None = None, planned: bool = False):
@@ -220,6 +231,7 @@ class HandleVerbs:
         alloc = holder.alloc
         if holder.kind == "write" and not alloc.unlinked:
             self.integrity.finish(parity if planned else self.integrity.job_all(alloc))
+            self.integrity.note_close_written(alloc, written)
             self.ns.data_changed(alloc)       # written through its fd: the mount's cache goes
             if written:
                 with self.journal.change(durable=False):
@@ -308,6 +320,7 @@ class HandleVerbs:
             if holder.kind == "write" and not alloc.unlinked:
                 self.integrity.finish(planned[holder.id] if holder.id in planned
                                       else self.integrity.job_all(alloc))
+                self.integrity.changed_all(alloc)    # it never said what it wrote
             if holder.kind in WRITER_KINDS and not alloc.unlinked:
                 self.ns.data_changed(alloc)   # whatever it wrote before it went
             if holder.kind == "attach-w" and alloc.unsealed and not alloc.unlinked:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 from gpumemctl.protocol import InvalidState, Uncorrectable, UsageError
+from gpumemctl.protocol.defaults import SNAPSHOT_BLOCK
 
 from .backends import Backend
 from .describe import damaged_ranges
@@ -33,7 +35,18 @@ from .registry import Registry
 
 log = logging.getLogger("gpumemd")
 
+MAX_TRACKED_BLOCKS = 1 << 20   # past this many changed blocks, "everything" is as good
 DIRTY_NONE = (1 << 63, 0)   # (dirty_from, dirty_to) of an allocation with no unsynced write
+
+
+def _runs(blocks: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for b in blocks:
+        if out and out[-1][1] == b:
+            out[-1][1] = b + 1
+        else:
+            out.append([b, b + 1])
+    return out
 
 
 @dataclasses.dataclass(eq=False)
@@ -199,6 +212,8 @@ class Integrity:
             if b <= a:
                 continue
             found = self.parity.check(alloc, a, b - a, repair)
+            if found["corrected"]:
+                self.changed_all(alloc)        # repaired bytes are written bytes
             total["blocks"] += b - a
             total["bytes"] += min((b - a) * BLOCK, max(0, (alloc.size or 0) - a * BLOCK))
             total["clean"] += found["clean"]
@@ -336,6 +351,57 @@ class Integrity:
         """A write through the daemon (write_at): the range whose parity is now stale."""
         alloc.dirty_from = min(alloc.dirty_from, start)
         alloc.dirty_to = max(alloc.dirty_to, end)
+        self.changed(alloc, start, end)
+
+    # ---- what changed since a snapshot (incremental snapshots, op `changes`) -------------
+    # Every path that writes an allocation's memory reports here: writes through the daemon
+    # (note_written), a socket writer's close (its `written` ranges, or everything), an
+    # attached writer, a resize, a repair, a refill. What cannot be seen (a dma-buf's
+    # writer, a write through the fd of a read handle on the cuda backend, which CUDA
+    # cannot refuse) is the same blind spot the parity has (docs/snapshots.md).
+    @staticmethod
+    def changed(alloc: Allocation, start: int, end: int) -> None:
+        if alloc.changed is None or end <= start:
+            return
+        alloc.changed.update(range(start // SNAPSHOT_BLOCK, -(-end // SNAPSHOT_BLOCK)))
+        if len(alloc.changed) > MAX_TRACKED_BLOCKS:
+            alloc.changed = None
+
+    @staticmethod
+    def changed_all(alloc: Allocation) -> None:
+        alloc.changed = None
+
+    def note_close_written(self, alloc: Allocation, written: dict | None) -> None:
+        """A socket write handle closed, reporting `written` ({offset, bytes} or {ranges}):
+        those blocks changed; without a report, all of it may have."""
+        if not written:
+            self.changed_all(alloc)
+            return
+        ranges = written.get("ranges")
+        if ranges is None:
+            ranges = [[written.get("offset", 0), written.get("offset", 0) +
+                       written.get("bytes", 0)]]
+        for r in ranges:
+            if not (isinstance(r, (list, tuple)) and len(r) == 2 and
+                    all(isinstance(v, int) and v >= 0 for v in r)):
+                self.changed_all(alloc)      # a report we cannot read: assume anything
+                return
+            self.changed(alloc, r[0], r[1])
+
+    @staticmethod
+    def take_changes(alloc: Allocation, reset: bool) -> dict:
+        """The blocks changed since `token` was handed out (None: not known), as ranges of
+        block indices; with `reset`, tracking starts afresh under a new token."""
+        blocks = None
+        if alloc.changed is not None and alloc.changes_token is not None \
+                and not alloc.untracked:
+            blocks = _runs(sorted(alloc.changed))
+        out = {"token": alloc.changes_token, "blocks": blocks, "block_size": SNAPSHOT_BLOCK}
+        if reset:
+            alloc.changes_token = secrets.token_hex(8)
+            alloc.changed = set()
+        out["next"] = alloc.changes_token
+        return out
 
     def job_seal(self, alloc: Allocation) -> ParityJob | None:
         """An attached writer's data is final (seal, detach): all of it is encoded."""

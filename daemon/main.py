@@ -26,7 +26,7 @@ import trio
 
 from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_state_dir
 
-from . import config, paths, systemd
+from . import autosnap, config, paths, systemd
 from .backends import BackendUnavailable, choose_backend
 from .keeper_link import KeeperGone, open_keeper
 from .logs import setup_logging
@@ -288,7 +288,10 @@ async def background(name: str, task: Callable[[], Awaitable[None]]) -> None:
 
 
 async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | None, *,
-                     registry: Registry, keeper) -> None:
+                     registry: Registry, keeper, restore_from: str | None = None,
+                     snapshot_to: str | None = None) -> None:
+    """Serve until SIGTERM/SIGINT. `restore_from`: restore_on_start's snapshot_dir;
+    `snapshot_to`: snapshot_on_stop's (daemon/autosnap.py)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(background, "group commit", GroupCommit(manager, registry).run)
@@ -306,9 +309,16 @@ async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | 
             systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
             log.info("gpumemd %s serving %s (backend %s, pid %d)", VERSION,
                      server.socket_path, manager.backend_name, os.getpid())
+            if restore_from:
+                nursery.start_soon(autosnap.restore_lost, manager, server.socket_path,
+                                   restore_from)
             async for signum in signals:
                 log.info("received %s; stopping", signal.Signals(signum).name)
                 systemd.notify("STOPPING=1")
+                if snapshot_to:
+                    systemd.notify("STATUS=snapshotting before the stop (snapshot_on_stop)")
+                    await autosnap.snapshot_before_stop(server.socket_path, snapshot_to,
+                                                        signals)
                 nursery.cancel_scope.cancel()
                 break
 
@@ -446,8 +456,10 @@ def _main(args) -> int:
     try:
         if mount is not None:
             mount.open()
-        trio.run(functools.partial(run_daemon, manager, server, mount,
-                                   registry=registry, keeper=keeper))
+        trio.run(functools.partial(
+            run_daemon, manager, server, mount, registry=registry, keeper=keeper,
+            restore_from=args.snapshot_dir if args.restore_on_start else None,
+            snapshot_to=args.snapshot_dir if args.snapshot_on_stop else None))
     finally:
         if mount is not None:
             mount.close()

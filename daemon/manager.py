@@ -563,6 +563,7 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
             self.journal.event("resize", alloc, cred, size=size, capacity=capacity,
                                old_size=old_size)
         self._dirty.discard(alloc.id)
+        self.integrity.changed_all(alloc)      # a resize moves or zeroes bytes
         self.ns.attrs_changed(alloc)
 
     # ---- data -----------------------------------------------------------------------------
@@ -596,6 +597,7 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         if alloc.state == "ready" and end <= capacity:
             if offset > alloc.size:
                 self.backend.zero(alloc.buffer, alloc.size, offset)
+                self.integrity.changed(alloc, alloc.size, offset)
             alloc.size = end
             self.ns.attrs_changed(alloc)
             self.journal.node_changed(alloc)

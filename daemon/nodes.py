@@ -188,6 +188,13 @@ class Allocation(Node):
     verified_ns: int | None = None   # end of the last full verify/scrub pass; None: never
     snapshot: str | None = None      # newest snapshot reported to hold it (location/name)
     snapshot_ns: int | None = None   # and when it was taken; None: none reported
+    # What changed since the last `changes` reset (a snapshot's): SNAPSHOT_BLOCK indices
+    # written since `changes_token` was handed out; None: not known (never reset since the
+    # daemon started, or written where the daemon cannot see: daemon/integrity.py).
+    changes_token: str | None = None
+    changed: set | None = None
+    untracked: bool = False          # a dma-buf was exported: writes are never seen
+    restore_queued: bool = False     # lost, and restore_on_start will refill it (autosnap)
     # Held while its parity is encoded on a worker thread (daemon/integrity.ParityJob), and
     # by the event loop before it frees or replaces the memory or touches the parity.
     parity_lock: threading.RLock = dataclasses.field(default_factory=threading.RLock,

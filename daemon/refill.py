@@ -80,6 +80,7 @@ class RefillVerbs:
             # Its old contents are given up: from now a crash must find it lost, not adopt
             # the keeper's copy while it is half overwritten.
             self.custody.withdraw_quietly(alloc.id)
+        self.integrity.changed_all(alloc)
         self._enter_restoring(alloc, cred)
         try:
             fd = self.backend.export(alloc.buffer, True)       # type: ignore[attr-defined]
@@ -137,6 +138,18 @@ class RefillVerbs:
             self.registry.update_node(alloc.id, state="lost")
             self.journal.event("restore", alloc, cred, action="begin")
         self.journal.node_changed(alloc)
+
+    def queue_restores(self) -> list[Allocation]:
+        """restore_on_start: mark every lost allocation as about to be restored."""
+        queued = [a for a in self.ns.allocations() if a.state == "lost"]
+        for alloc in queued:
+            alloc.restore_queued = True
+        return queued
+
+    @staticmethod
+    def unqueue_restores(queued: list[Allocation]) -> None:
+        for alloc in queued:
+            alloc.restore_queued = False
 
     def refill_of(self, holder_id: int) -> Refill | None:
         return self._refills.get(holder_id)

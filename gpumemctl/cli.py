@@ -46,5 +46,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":        # `python -m gpumemctl.cli` (gpumemd's own snapshots)
+    sys.exit(main())

@@ -111,6 +111,9 @@ def restore(src: SrcArg, names: NamesArg = None,
             force: Annotated[bool, typer.Option(
                 "--force", help="Restore over existing allocations you may write (their "
                                 "data is replaced).")] = False,
+            lost_only: Annotated[bool, typer.Option(
+                "--lost-only", help="Only refill allocations in state lost; create "
+                                    "nothing.")] = False,
             quiet: QuietOpt = False, json_: JsonOpt = False):
     """Recreate allocations from a snapshot, or refill `lost` ones in place. Every block is
     checked on the way in; one that fails is never served (the allocation is `degraded`,
@@ -120,7 +123,7 @@ def restore(src: SrcArg, names: NamesArg = None,
     with connect() as c:
         try:
             result = engine.restore(c, src, names or [], as_prefix=as_, device=device,
-                                    force=force, progress=meter)
+                                    force=force, lost_only=lost_only, progress=meter)
         finally:
             meter.finish()
         failures = result.pop("_failures")

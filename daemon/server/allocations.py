@@ -176,3 +176,8 @@ async def snapshot_report(call: Call) -> Reply:
                                 "incremental", "io")}
     return call.manager.record_snapshot(call.session.cred, report, a["paths"] or [],
                                         administrator(call)), []
+
+
+async def changes(call: Call) -> Reply:
+    """What changed since the last snapshot's reset, under a read handle (handles.py)."""
+    return call.manager.changes(call.session, call.args["handle"], call.args["reset"]), []

@@ -125,6 +125,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
                   flag("durable"), Arg("device", Kind.DEVICE, None), flag("force"),
                   flag("unsealed")),
        allocations.refill),
+    Op("changes", (HANDLE, flag("reset")), allocations.changes),
     Op("snapshot_report", (Arg("action", Kind.STR, REQUIRED, choices=REPORT_ACTIONS),
                            Arg("snapshot", Kind.STR, ""),
                            Arg("location", Kind.STR, ""),

@@ -17,6 +17,9 @@ EVENTS_MAX_LIMIT = 10_000   # ...and the bound a larger `limit` is brought down 
 READ_COPY_BYTES = 4 << 20   # `read` (by copy): the most bytes one answer carries
 SCRUB_ACTION = "status"     # `scrub` without an action reports
 CORRUPT_PATTERN = "ff"      # `debug_corrupt`: the hex bytes written over the range
+# Snapshots: the block the format checksums (gpumemctl/snapshots/manifest.py) and the unit
+# in which the daemon tracks what changed since a snapshot (op `changes`).
+SNAPSHOT_BLOCK = 1 << 20
 
 
 def default_socket() -> str:

@@ -145,61 +145,78 @@ def _hashes(view: memoryview) -> list[str]:
     return out
 
 
-def _base_locations(base: dict | None, path: str, size: int):
-    """For an incremental snapshot: the previous snapshot's checksum and location of each
-    block of the allocation at `path`, if it had the same size (else nothing is reused)."""
+def _base_entry(base: dict | None, path: str, size: int) -> dict | None:
+    """For an incremental snapshot: the previous snapshot's entry for the allocation at
+    `path`, if it had the same size (else nothing of it is reused)."""
     if base is None:
         return None
     for entry in base["allocations"]:
         if entry["path"] == path and entry["size"] == size:
-            where = {b: (key, off) for b, key, off, _n in fmt.extent_blocks(entry)}
-            return entry["blocks"], where
+            return entry
     return None
+
+
+def _changed_runs(handle, prior: dict | None, nblocks: int) -> tuple[list, str | None]:
+    """The block runs to read: from the daemon's change tracking when it still counts from
+    the previous snapshot of this allocation (same token), else all of them. Asked under
+    the read handle, so no writer comes between the answer and the read."""
+    track = handle.client.call("changes", handle=handle.id, reset=True)
+    if prior is not None and track.get("blocks") is not None and \
+            track.get("token") is not None and prior.get("track") == track["token"]:
+        return [(a, min(b, nblocks)) for a, b in track["blocks"] if a < nblocks], track["next"]
+    return [(0, nblocks)] if nblocks else [], track.get("next")
 
 
 def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict | None,
                   advance: Callable[[int], None]) -> dict:
     info = handle.info
     size = info["size"] or 0
+    nblocks = fmt.block_count(size)
     data = _Writing(store, fmt.data_key(name, index))
-    reuse = _base_locations(base, entry["path"], size)
-    blocks: list[str] = []
-    places: list[tuple[str, int]] = []       # per block: (object key, byte offset)
+    prior = _base_entry(base, entry["path"], size)
+    runs, token = _changed_runs(handle, prior, nblocks)
+    blocks: list = [None] * nblocks
+    places: list = [None] * nblocks          # per block: (object key, byte offset)
+    if prior is not None:                    # what is not read again stays as it was
+        blocks[:] = prior["blocks"]
+        for b, key, off, _n in fmt.extent_blocks(prior):
+            places[b] = (key, off)
 
     def sink(at: int, view: memoryview) -> None:
         first = at // BLOCK
         future = io_pool().submit(_hashes, view)
-        if reuse is None:
+        if prior is None:
             off = data.write(view)           # meanwhile the checksums are computed
             sums = future.result()
-            places.extend((data.key, off + k * BLOCK) for k in range(len(sums)))
+            places[first:first + len(sums)] = [(data.key, off + k * BLOCK)
+                                               for k in range(len(sums))]
         else:
             sums = future.result()
             for k, h in enumerate(sums):
-                b = first + k
-                if reuse[0][b] == h:
-                    places.append(reuse[1][b])
-                else:
-                    off = data.write(view[k * BLOCK:(k + 1) * BLOCK])
-                    places.append((data.key, off))
-        blocks.extend(sums)
+                if blocks[first + k] != h:
+                    places[first + k] = (data.key,
+                                         data.write(view[k * BLOCK:(k + 1) * BLOCK]))
+        blocks[first:first + len(sums)] = sums
         advance(len(view))
 
     try:
-        handle.memory.drain(0, size, sink)
+        for a, b in runs:
+            handle.memory.drain(a * BLOCK, min(b * BLOCK, size) - a * BLOCK, sink)
         data.commit()
     except BaseException:
         data.abort()
         raise
+    advance(size - sum(min(b * BLOCK, size) - a * BLOCK for a, b in runs))
     return {
         "path": entry["path"], "names": entry["names"][1:], "id": info["id"],
         "size": size, "capacity": info.get("capacity"), "mode": int(info["mode"], 8),
         "uid": info["uid"], "gid": info["gid"], "durable": bool(info.get("durable")),
         "ecc": info.get("ecc") or "none", "device": info.get("device"),
         "unsealed": bool(info.get("unsealed")), "modified": info.get("modified"),
-        "metadata": info.get("metadata") or {},
+        "metadata": info.get("metadata") or {}, "track": token,
         "blocks": blocks, "extents": _extents(places),
-        "written": data.written,
+        "written": data.written, "read": sum(min(b * BLOCK, size) - a * BLOCK
+                                             for a, b in runs),
     }
 
 
@@ -256,6 +273,7 @@ def create(client, location: str, names: list[str], *, incremental: bool = False
                                              advance))
     store.sync_dir(f"{name}/data") if store.kind == "dir" else None
     written = sum(a.pop("written") for a in allocations)
+    read = sum(a.pop("read") for a in allocations)
     manifest = {
         "format": fmt.FORMAT, "version": fmt.VERSION, "name": name,
         "created_ns": time.time_ns(), "host": socket.gethostname(), "uid": os.getuid(),
@@ -269,7 +287,7 @@ def create(client, location: str, names: list[str], *, incremental: bool = False
     return {"snapshot": name, "location": store.where(name), "store": store_loc,
             "incremental": base is not None, "parent": base_name, "io": _io_kind(store),
             "allocations": [_brief(a) for a in allocations], "skipped": skipped,
-            "bytes": manifest["bytes"], "bytes_written": written,
+            "bytes": manifest["bytes"], "bytes_written": written, "bytes_read": read,
             "seconds": round(seconds, 6),
             "rate": int(manifest["bytes"] / seconds) if seconds > 0 else None}
 
@@ -328,8 +346,11 @@ def _target(path: str, prefix: str | None) -> str:
 
 
 def restore(client, location: str, names: list[str], *, as_prefix: str | None = None,
-            device: str | None = None, force: bool = False,
+            device: str | None = None, force: bool = False, lost_only: bool = False,
             progress: Progress = _noop) -> dict:
+    """Restore the snapshot's allocations (or those under `names`): a missing name is
+    created, a `lost` one refilled in place, an existing one refused unless `force`.
+    `lost_only`: refill lost allocations only, create nothing (restore_on_start)."""
     store_loc, named = split_location(location)
     store = open_store(store_loc)
     name = named or newest_complete(store)
@@ -337,6 +358,8 @@ def restore(client, location: str, names: list[str], *, as_prefix: str | None = 
         raise NotFound(f"{location} holds no complete snapshot")
     manifest = load_manifest(store, name)
     entries = _restore_selection(manifest, names)
+    if lost_only:
+        entries = [e for e in entries if _is_lost(client, _target(e["path"], as_prefix))]
     total = sum(e["size"] for e in entries)
     done, started = 0, time.monotonic()
     results: list[dict] = []
@@ -364,6 +387,13 @@ def restore(client, location: str, names: list[str], *, as_prefix: str | None = 
             "bytes": total, "seconds": round(seconds, 6),
             "rate": int(total / seconds) if seconds > 0 else None,
             "_failures": failures}
+
+
+def _is_lost(client, path: str) -> bool:
+    try:
+        return client.info(path).get("state") == "lost"
+    except (NotFound, PermissionDenied):
+        return False
 
 
 def _restore_selection(manifest: dict, names: list[str]) -> list[dict]:

@@ -27,10 +27,11 @@ import re
 import time
 
 from ..protocol import GpumemError, Uncorrectable, UsageError
+from ..protocol.defaults import SNAPSHOT_BLOCK
 
 FORMAT = "gpumemctl-snapshot"
 VERSION = 1
-BLOCK = 1 << 20                       # bytes per checksummed block
+BLOCK = SNAPSHOT_BLOCK                # bytes per checksummed block (1 MiB)
 HASH = "xxh3-128"
 MANIFEST = "manifest.json"
 LOCK = "lock.json"
