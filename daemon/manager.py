@@ -101,7 +101,9 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         """Load the registry, re-adopt durable memory from the keeper, drop what is stale
         (Custody.reconcile_at_start says how, and what `orphans` decides)."""
         self.ns.load()
-        return self.custody.reconcile_at_start(orphans, self.integrity.settle)
+        summary = self.custody.reconcile_at_start(orphans, self.integrity.settle)
+        self.last_snapshots = self.registry.last_snapshot_reports(administrative_uid)
+        return summary
 
     def shutdown(self) -> None:
         """Clean stop: transient memory goes, durable memory stays with the keeper."""

@@ -704,6 +704,23 @@ class Registry:
         cur.close()
         return cut, freed
 
+    def last_snapshot_reports(self, counts: Callable[[int], bool]) -> dict[str, dict]:
+        """The newest `snapshot` event of each action by a uid that `counts` (the
+        administrator's: status and metrics show them across restarts)."""
+        out: dict[str, dict] = {}
+        rows = self.db.execute("SELECT uid, time_ns, detail FROM events WHERE kind = "
+                               "'snapshot' ORDER BY id DESC LIMIT 1000")
+        for uid, time_ns, detail in rows:
+            if uid is None or not counts(uid):
+                continue
+            try:
+                report = json.loads(detail)
+            except ValueError:
+                continue
+            out.setdefault(report.get("action", "?"), {**report, "time_ns": time_ns,
+                                                       "uid": uid})
+        return out
+
     def last_event_id(self) -> int:
         """The id of the newest event (0 when the log is empty)."""
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from . import output
-from .formats import byte_ranges, plain, telemetry_summary
+from .formats import age, byte_ranges, plain, telemetry_summary
 from .protocol import GpumemError, UsageError, format_size, parse_size
 from .protocol.defaults import DIR_MODE, FILE_MODE
 from .protocol.errors import OK
@@ -62,7 +63,8 @@ def ls(path: str = "", long: bool = False, recursive: bool = False, json_: bool 
     elif long:
         output.table([_ls_row(e) for e in entries],
                      ["MODE", "OWNER", "SIZE", "CAPACITY", "DEVICE", "DURABILITY", "STATE",
-                      "ECC", "REFS", "LINKS", "MODIFIED", "NAME"], right={2, 3, 8, 9})
+                      "ECC", "REFS", "LINKS", "MODIFIED", "SNAPSHOT", "NAME"],
+                     right={2, 3, 8, 9})
     else:
         for e in entries:
             output.data(e["path"] + ("/" if e["type"] == "directory" else ""))
@@ -81,11 +83,13 @@ def _ls_row(e: dict) -> list[str]:
     if e["type"] in _LS_KINDS:
         size = f"{e['major']},{e['minor']}" if "major" in e else "-"
         return [_mode_string(e), f"{e['uid']}:{e['gid']}", size, "-", "-", "-",
-                _LS_KINDS[e["type"]][1], "-", "-", str(e["links"]), e["modified"][:19], name]
+                _LS_KINDS[e["type"]][1], "-", "-", str(e["links"]), e["modified"][:19], "-",
+                name]
     return [_mode_string(e), f"{e['uid']}:{e['gid']}", format_size(e["size"]),
             format_size(e["capacity"]), (e["device"] or "-")[:13],
             "durable" if e["durable"] else "transient", e["state"], e["ecc"],
-            str(e["refcount"]), str(e["links"]), e["modified"][:19], name]
+            str(e["refcount"]), str(e["links"]), e["modified"][:19],
+            age(e.get("snapshot_time"), time.time(), never="-"), name]
 
 
 def _mode_string(e: dict) -> str:

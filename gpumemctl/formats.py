@@ -8,6 +8,9 @@ out of event lines.
 """
 from __future__ import annotations
 
+import datetime
+import functools
+
 from .protocol import UsageError, format_size
 
 
@@ -28,6 +31,22 @@ def duration(seconds: float | None, unknown: str = "unknown") -> str:
     h, rest = divmod(seconds, 3600)
     m, sec = divmod(rest, 60)
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+def age(iso: str | None, now: float, never: str = "never") -> str:
+    """'12s ago', '5m ago', '3h ago', '2d ago' for an ISO 8601 UTC time; `never` for None."""
+    if not iso:
+        return never
+    seconds = max(0, int(now - epoch(iso)))
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds // span}{unit} ago"
+    return f"{seconds}s ago"
+
+
+@functools.lru_cache(maxsize=1 << 14)   # the same times come back every refresh
+def epoch(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def event_line(e: dict, *, date: bool = True) -> str:

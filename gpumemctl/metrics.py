@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-STATES = ("pending", "ready", "degraded", "lost")   # docs/design.md, "Lifetimes"
+STATES = ("pending", "ready", "degraded", "lost", "restoring")   # docs/design.md
+SNAPSHOT_RESULTS = ("ok", "damaged", "failed", "partial")
 
 
 @dataclasses.dataclass
@@ -72,6 +73,8 @@ def collect(status: dict) -> list[Family]:
     for dev in status.get("devices") or []:
         _device(r, dev)
     _scrub(r, status.get("scrub") or {})
+    for action, report in sorted((status.get("snapshots") or {}).items()):
+        _snapshot(r, action, report)
     for q in status.get("quotas") or []:
         uid = str(q["uid"])
         r.gauge("gpumemd_quota_bytes", "capacity the uid's allocations may hold ([quotas])",
@@ -208,6 +211,26 @@ def _scrub(r: Registry, s: dict) -> None:
 
 
 # ---- the text format (https://prometheus.io/docs/instrumenting/exposition_formats/) -------
+def _snapshot(r: Registry, action: str, rep: dict) -> None:
+    """The administrator's newest snapshot create, restore and verify (docs/snapshots.md),
+    one sample per `action`."""
+    r.gauge("gpumemd_snapshot_last_timestamp_seconds", "when the newest snapshot create, "
+            "restore or verify reported by the administrator ended", rep.get("time_ns", 0)
+            / 1e9 if rep.get("time_ns") else None, action=action)
+    r.gauge("gpumemd_snapshot_last_bytes", "bytes of the allocations it covered",
+            rep.get("bytes"), action=action)
+    r.gauge("gpumemd_snapshot_last_written_bytes", "bytes it wrote to the store (an "
+            "incremental snapshot writes only changed blocks)", rep.get("bytes_written"),
+            action=action)
+    r.gauge("gpumemd_snapshot_last_duration_seconds", "how long it took",
+            rep.get("duration_ms", 0) / 1000 if "duration_ms" in rep else None,
+            action=action)
+    for result in SNAPSHOT_RESULTS:
+        r.gauge("gpumemd_snapshot_last_result", "1 for its result (ok, damaged, failed, "
+                "partial), 0 for the others", rep.get("result") == result, action=action,
+                result=result)
+
+
 def _escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 

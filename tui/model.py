@@ -8,10 +8,9 @@ while a filter is typed, every entry below it whose path matches), sorted by one
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import functools
 import time
 
+from gpumemctl.formats import age, epoch  # noqa: F401 - epoch: model.epoch, as before
 from gpumemctl.protocol import format_size
 
 
@@ -39,7 +38,7 @@ class Snapshot:
 COLUMNS = [("name", "NAME"), ("size", "SIZE"), ("capacity", "CAPACITY"),
            ("device", "DEV"), ("durable", "DURABLE"), ("state", "STATE"),
            ("holders", "HOLDERS"), ("links", "LN"), ("ecc", "ECC"),
-           ("verified", "VERIFIED")]
+           ("verified", "VERIFIED"), ("snapshot", "SNAPSHOT")]
 COLUMN_KEYS = [key for key, _ in COLUMNS]
 
 
@@ -74,6 +73,8 @@ def sort_value(entry: dict, key: str, device_index: dict):
         value = holders(entry) if entry["type"] == "allocation" else None
     elif key == "device":
         value = device_index.get(entry.get("device"))
+    elif key == "snapshot":
+        value = entry.get("snapshot_time")       # ISO times sort as times
     else:
         value = entry.get(key)
     if isinstance(value, bool):
@@ -89,22 +90,6 @@ def sorted_entries(entries: list[dict], key: str, reverse: bool, device_index: d
     return rows
 
 
-def age(iso: str | None, now: float) -> str:
-    """'12s ago', '5m ago', '3h ago', '2d ago' for an ISO 8601 UTC time; 'never' for None."""
-    if not iso:
-        return "never"
-    seconds = max(0, int(now - epoch(iso)))
-    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= span:
-            return f"{seconds // span}{unit} ago"
-    return f"{seconds}s ago"
-
-
-@functools.lru_cache(maxsize=1 << 14)   # the same times come back every refresh
-def epoch(iso: str) -> float:
-    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
 def device_label(uuid: str | None, device_index: dict) -> str:
     if not uuid:
         return "-"
@@ -117,18 +102,19 @@ def row_cells(entry: dict, cwd: str, device_index: dict, now: float) -> tuple[st
     name = relative(entry["path"], cwd)
     links = str(entry.get("links", ""))     # st_nlink: a hard-linked file's names
     if entry["type"] == "directory":
-        return (name + "/", "", "", "", "", "dir", "", links, "", f"{entry['entries']} entries")
+        return (name + "/", "", "", "", "", "dir", "", links, "", f"{entry['entries']} entries",
+                "")
     if entry["type"] == "symlink":       # metadata only: the target is what there is to show
-        return (f"{name} -> {entry['target']}", "", "", "", "", "link", "", links, "", "")
+        return (f"{name} -> {entry['target']}", "", "", "", "", "link", "", links, "", "", "")
     if entry["type"] != "allocation":    # a FIFO, socket or device node (no memory)
-        return (name, "", "", "", "", entry["type"], "", links, "", "")
+        return (name, "", "", "", "", entry["type"], "", links, "", "", "")
     size = "-" if entry["size"] is None else format_size(entry["size"])
     capacity = "-" if entry["capacity"] is None else format_size(entry["capacity"])
     verified = "-" if entry["ecc"] != "rs" else age(entry.get("verified"), now)
     state = entry["state"] + ("*" if entry.get("unsealed") else "")
     return (name, size, capacity, device_label(entry["device"], device_index),
             "durable" if entry["durable"] else "transient", state, str(holders(entry)),
-            links, entry["ecc"], verified)
+            links, entry["ecc"], verified, age(entry.get("snapshot_time"), now))
 
 
 def rate_text(bytes_per_s: float | None) -> str:

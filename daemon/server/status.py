@@ -30,6 +30,8 @@ async def status(call: Call) -> Reply:
         # Per-uid limits and use (config [quotas]): all of them for root and the daemon's
         # user, one's own for anyone else.
         "quotas": m.quota_report(own_uid_unless_privileged(call.session)),
+        # The administrator's newest snapshot create, restore and verify (daemon/refill.py).
+        "snapshots": m.last_snapshots,
     }, []
 
 

@@ -130,13 +130,17 @@ def _detail(exc: BaseException) -> str:
     status = re.search(r"status code: (\d{3}[^:\n]*)", head)
     if status:
         return f"HTTP {status.group(1).strip()}"
-    line = " ".join(head.split())
+    line = re.sub(r"^Generic \w+ error: ", "", " ".join(head.split()))
     if " - " in line:
         line = line.rsplit(" - ", 1)[1]
     extra = []
-    reason = re.search(r'message: "([^"]*)"', text)
+    # The cause, deepest in the debug text: an OS error's message, a resolver's error, a
+    # connector's label, or a TLS error's name.
+    reason = (re.search(r'message: "([^"]*)"', text) or re.search(r'error: "([^"]*)"', text)
+              or re.search(r'ConnectError\(\s*"([^"]*)"', text)
+              or re.search(r"error: (\w+\(\s*\w+),?\s*\)", text))
     if reason:
-        extra.append(reason.group(1))
+        extra.append(" ".join(reason.group(1).split()) + (")" if "(" in reason.group(1) else ""))
     retries = re.search(r"after (\d+) retries", head)
     if retries:
         extra.append(f"after {retries.group(1)} retries")
@@ -275,7 +279,7 @@ class S3Store:
     def __init__(self, location: str):
         self.location = location
         self.bucket, self.prefix = _parse(location)
-        with self._errors(f"invalid snapshot location {location}"):
+        with self._errors(f"cannot open snapshot store {location}"):
             self._s = _ObStore(self.bucket, prefix=self.prefix or None,
                                client_options=_client_options())  # type: ignore[arg-type]
         # One request now: a missing bucket, denied access or an unreachable endpoint is
