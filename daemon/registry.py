@@ -295,9 +295,12 @@ def add_hard_links(db: sqlite3.Connection) -> None:
 
 
 def add_snapshot_columns(db: sqlite3.Connection) -> None:
-    """9 -> 10 (issue 16): each allocation's newest snapshot and its time."""
-    db.execute("ALTER TABLE nodes ADD COLUMN snapshot TEXT")
-    db.execute("ALTER TABLE nodes ADD COLUMN snapshot_ns INTEGER")
+    """9 -> 10 (issue 16): each allocation's newest snapshot and its time. A registry older
+    than 8 has them already: the 7 -> 8 rebuild makes `nodes` of the current schema."""
+    have = {r[1] for r in db.execute("PRAGMA table_info('nodes')")}
+    for column, kind in (("snapshot", "TEXT"), ("snapshot_ns", "INTEGER")):
+        if column not in have:
+            db.execute(f"ALTER TABLE nodes ADD COLUMN {column} {kind}")
 
 
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -303,13 +304,17 @@ def _brief(a: dict) -> dict:
 
 # ---- restore ----------------------------------------------------------------------------
 class _Readers:
+    """The store's data objects a restore or verify reads, each opened once."""
+
     def __init__(self, store):
         self.store, self.open = store, {}
+        self.lock = threading.Lock()
 
     def get(self, key: str):
-        if key not in self.open:
-            self.open[key] = self.store.reader(key)
-        return self.open[key]
+        with self.lock:
+            if key not in self.open:
+                self.open[key] = self.store.reader(key)
+            return self.open[key]
 
     def close(self) -> None:
         for r in self.open.values():
@@ -319,26 +324,47 @@ class _Readers:
 def _fill_chunk(at: int, view: memoryview, entry: dict, places: dict, readers: _Readers,
                 bad: list[int]) -> None:
     """Fill `view` (bytes [at, at+len) of the allocation) from the store, checking each
-    block; a block that fails is zeroed and listed in `bad`, never left as data."""
+    block; a block that fails is zeroed and listed in `bad`, never left as data. Blocks
+    stored one after another are read in one call (the store splits it in parallel
+    pieces), then checked in parallel."""
     first, n = at // BLOCK, fmt.block_count(len(view))
-
-    def one(k: int) -> int | None:
-        b = first + k
-        piece = view[k * BLOCK:k * BLOCK + min(BLOCK, len(view) - k * BLOCK)]
-        key, off = places[b]
+    failed: set[int] = set()
+    for k0, k1 in _contiguous(first, n, places):
+        key, off = places[first + k0]
+        piece = view[k0 * BLOCK:min(k1 * BLOCK, len(view))]
         try:
             readers.get(key).read_into(off, piece)
-            if fmt.block_hash(piece) == entry["blocks"][b]:
-                return None
         except SnapshotDamaged:
-            pass
-        piece[:] = bytes(len(piece))
-        return b
+            failed.update(range(first + k0, first + k1))
+
+    def check(ks: range) -> list[int]:
+        out = []
+        for k in ks:
+            piece = view[k * BLOCK:min((k + 1) * BLOCK, len(view))]
+            b = first + k
+            if b in failed or fmt.block_hash(piece) != entry["blocks"][b]:
+                piece[:] = bytes(len(piece))
+                out.append(b)
+        return out
 
     groups = [range(g, min(g + HASH_GROUP, n)) for g in range(0, n, HASH_GROUP)]
-    futures = [io_pool().submit(lambda g: [one(k) for k in g], g) for g in groups]
-    for f in futures:
-        bad += [b for b in f.result() if b is not None]
+    for f in [io_pool().submit(check, g) for g in groups]:
+        bad += f.result()
+
+
+def _contiguous(first: int, n: int, places: dict) -> list[tuple[int, int]]:
+    """Runs [k0, k1) of the blocks first+k whose bytes follow each other in one object."""
+    runs: list[tuple[int, int]] = []
+    for k in range(n):
+        key, off = places[first + k]
+        if runs:
+            k0, _ = runs[-1]
+            key0, off0 = places[first + k0]
+            if key0 == key and off0 + (k - k0) * BLOCK == off:
+                runs[-1] = (k0, k + 1)
+                continue
+        runs.append((k, k + 1))
+    return runs
 
 
 def _target(path: str, prefix: str | None) -> str:

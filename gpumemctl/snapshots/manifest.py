@@ -20,6 +20,7 @@ snapshot in the same store (no `..`, no absolute paths) before anything opens th
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -64,8 +65,18 @@ def block_count(size: int) -> int:
 
 
 def block_hash(view) -> str:
-    import xxhash  # only snapshot commands load it
-    return xxhash.xxh3_128_hexdigest(view)
+    return _xxh3()(view)
+
+
+@functools.lru_cache(maxsize=1)
+def _xxh3():
+    """xxhash's XXH3-128, loaded by the snapshot commands only (the `snapshot` extra)."""
+    try:
+        import xxhash
+    except ImportError:
+        raise UsageError("gpumemctl snapshot needs the xxhash package: install "
+                         "gpumemctl[snapshot] (pip install 'gpumemctl[snapshot]')") from None
+    return xxhash.xxh3_128_hexdigest
 
 
 def _canonical(manifest: dict) -> bytes:

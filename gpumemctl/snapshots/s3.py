@@ -60,7 +60,7 @@ PART_SIZE = 32 << 20       # multipart part size: objects up to 10,000 parts = 3
 CONCURRENCY = 16           # parts uploading at once (each a copy of PART_SIZE bytes in memory)
 TIMEOUT = "120s"           # per HTTP request, unless AWS_TIMEOUT says otherwise
 # HTTP client options obstore reads from AWS_<NAME> itself, unless client options are passed:
-# then they replace the environment's, so we pass these on (only when we pass any).
+# then those replace the environment's. We pass some (allow_http, timeout), so we read these.
 _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout",
                 "default_content_type", "http1_only", "http2_only",
                 "http2_keep_alive_interval", "http2_keep_alive_timeout",
@@ -119,6 +119,22 @@ def _endpoint(text: str) -> str:
     return m.group(1) if m else "the S3 endpoint"
 
 
+def _cause(text: str) -> str | None:
+    """The cause, deepest in obstore's debug text: an OS error's message, a resolver's
+    error, a connector's label, or a TLS error's name."""
+    for pattern in (r'message: "([^"]*)"', r'error: "([^"]*)"', r'ConnectError\(\s*"([^"]*)"'):
+        m = re.search(pattern, text)
+        if m:
+            return " ".join(m.group(1).split())
+    m = re.search(r"error: (\w+)\(\s*(\w+),?\s*\)", text)
+    return f"{m.group(1)}({m.group(2)})" if m else None
+
+
+def _retries(text: str) -> str:
+    m = re.search(r"after (\d+) retries", text.split("\n\nDebug source:")[0])
+    return f" (after {m.group(1)} retries)" if m else ""
+
+
 def _detail(exc: BaseException) -> str:
     """What went wrong, in one line, from obstore's many-line message."""
     text = str(exc)
@@ -133,26 +149,17 @@ def _detail(exc: BaseException) -> str:
     line = re.sub(r"^Generic \w+ error: ", "", " ".join(head.split()))
     if " - " in line:
         line = line.rsplit(" - ", 1)[1]
-    extra = []
-    # The cause, deepest in the debug text: an OS error's message, a resolver's error, a
-    # connector's label, or a TLS error's name.
-    reason = (re.search(r'message: "([^"]*)"', text) or re.search(r'error: "([^"]*)"', text)
-              or re.search(r'ConnectError\(\s*"([^"]*)"', text)
-              or re.search(r"error: (\w+\(\s*\w+),?\s*\)", text))
-    if reason:
-        extra.append(" ".join(reason.group(1).split()) + (")" if "(" in reason.group(1) else ""))
-    retries = re.search(r"after (\d+) retries", head)
-    if retries:
-        extra.append(f"after {retries.group(1)} retries")
-    if extra:
-        line += f" ({', '.join(extra)})"
-    return line[:300]
+    cause = _cause(text)
+    return (f"{line}: {cause}" if cause else line)[:300] + _retries(text)
 
 
 def _error(exc: BaseException, what: str, location: str, bucket: str) -> GpumemError:
     text = str(exc)
     if _no_bucket(exc):
         return NotFound(f"snapshot store {location}: bucket {bucket!r} does not exist")
+    if "Missing AccessKeyId" in text or "Missing SecretAccessKey" in text:
+        return UsageError(f"{what}: incomplete AWS credentials ({_detail(exc)}): set both "
+                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
     if "169.254.169.254" in text or "169.254.170.2" in text:
         return UsageError(f"{what}: no AWS credentials (set AWS_ACCESS_KEY_ID and "
                           f"AWS_SECRET_ACCESS_KEY; instance credentials: {_detail(exc)})")
@@ -160,7 +167,8 @@ def _error(exc: BaseException, what: str, location: str, bucket: str) -> GpumemE
             or _status(text) in (401, 403):
         return PermissionDenied(f"permission denied: {what} ({_detail(exc)})")
     if "kind: Connect" in text or "tcp connect error" in text or "dns error" in text:
-        return UsageError(f"{what}: cannot reach {_endpoint(text)} ({_detail(exc)})")
+        return UsageError(f"{what}: cannot reach {_endpoint(text)}: "
+                          f"{_cause(text) or 'error sending request'}{_retries(text)}")
     return UsageError(f"{what}: {_detail(exc)}")
 
 

@@ -28,7 +28,7 @@ ACCESS_KEY = SECRET_KEY = "testing"
 REGION = "us-east-1"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -48,10 +48,9 @@ def moto_s3(bucket: str = "snapshots", *, auth: bool = False,
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"moto[server] is not installed (no module {module!r}): "
                         "no local S3 server to test against")
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["MOTO_ALLOW_NONEXISTENT_REGION"] = "true"
     if auth:
         env["INITIAL_NO_AUTH_ACTION_COUNT"] = "1"        # the bucket's creation, then none
     with tempfile.TemporaryFile() as log:

@@ -32,6 +32,8 @@ GOOD_ARGS: dict[str, dict] = {
     "debug_corrupt": {"path": "a", "offset": 0, "length": 1},
     "symlink": {"path": "link", "target": "a"}, "readlink": {"path": "link"},
     "link": {"path": "b", "target": "a"},
+    "refill": {"path": "r", "size": 4096}, "changes": {"handle": 1},
+    "snapshot_report": {"action": "verify", "result": "ok"},
 }
 # A value of the wrong JSON type for each kind of argument.
 WRONG = {Kind.STR: 7, Kind.INT: "7", Kind.BOOL: 1, Kind.OBJECT: [1],

@@ -1,6 +1,6 @@
-"""S3Store (gpumemctl/snapshots/s3.py) against a local S3 server (moto, tests/s3server.py):
-the DirStore interface (gpumemctl/snapshots/stores.py) on a bucket, multipart uploads, ranged
-reads, and the errors a user sees."""
+"""S3Store (gpumemctl/snapshots/s3.py) against a local S3 server (moto, started by
+tests/integration/s3server.py): the DirStore interface (gpumemctl/snapshots/stores.py) on a
+bucket, multipart uploads, ranged reads, and the errors a user sees."""
 from __future__ import annotations
 
 import os
@@ -11,13 +11,13 @@ import pytest
 
 pytest.importorskip("obstore", reason="obstore is not installed (extra `snapshot`)")
 
-import obstore  # noqa: E402
+import obstore
 
-from gpumemctl.protocol import NotFound, PermissionDenied, UsageError  # noqa: E402
-from gpumemctl.snapshots.manifest import SnapshotDamaged, data_key  # noqa: E402
-from gpumemctl.snapshots.s3 import S3Store  # noqa: E402
-from gpumemctl.snapshots.stores import open_store  # noqa: E402
-from tests.integration.s3server import _free_port, moto_s3  # noqa: E402
+from gpumemctl.protocol import NotFound, PermissionDenied, UsageError
+from gpumemctl.snapshots.manifest import SnapshotDamaged, data_key
+from gpumemctl.snapshots.s3 import S3Store
+from gpumemctl.snapshots.stores import open_store
+from tests.integration.s3server import free_port, moto_s3
 
 MiB = 1 << 20
 SNAPS = ["snap-20261123T141500.123456Z-3fa9c1", "snap-20250101T000000.000000Z-000000",
@@ -184,7 +184,7 @@ def test_short_or_missing_object_is_damaged(store):
 
 
 def in_progress_uploads(s3) -> list[str]:
-    import boto3            # installed with moto; only to ask for multipart uploads
+    import boto3  # installed with moto; only to ask for multipart uploads
 
     client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
                           aws_access_key_id="testing", aws_secret_access_key="testing")
@@ -251,7 +251,7 @@ def test_invalid_location_is_a_usage_error(s3, location):
 
 
 def test_unreachable_endpoint_is_one_line(s3, monkeypatch):
-    port = _free_port()                           # nothing listens there
+    port = free_port()                           # nothing listens there
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     with pytest.raises(UsageError) as exc:
         S3Store(f"s3://{s3['bucket']}/x")
@@ -270,3 +270,12 @@ def test_denied_access_is_permission_denied(monkeypatch):
             S3Store("s3://locked/p")
         text = one_line(exc)
         assert text.startswith("permission denied: ") and "s3://locked/p" in text, text
+
+
+def test_obstore_is_loaded_for_s3_locations_only():
+    import subprocess
+    import sys
+
+    code = ("import sys, gpumemctl.snapshots.stores as s; s.open_store('.'); "
+            "assert 'obstore' not in sys.modules, 'obstore imported for a directory store'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

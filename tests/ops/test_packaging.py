@@ -90,7 +90,8 @@ def test_the_extras_bring_the_daemon_the_monitor_and_cuda(metadata):
     assert extras["daemon"] >= {"trio", "pyfuse3", "numpy", "nvidia-ml-py"}
     assert extras["tui"] == {"textual"}
     assert extras["cuda"] == {"cuda-python"}
-    assert extras["all"] == {"gpumemctl[cuda,daemon,tui]"}
+    assert extras["snapshot"] == {"xxhash", "obstore"}
+    assert extras["all"] == {"gpumemctl[cuda,daemon,snapshot,tui]"}
     assert "gpumemctl[all]" in extras["test"]          # CI's suite runs all of it
 
 

@@ -43,12 +43,19 @@ def test_sort_keeps_directories_first_and_missing_values_last():
 def test_cells_holders_and_ages():
     now = model.epoch("2026-11-18T11:06:40.000000Z")
     cells = model.row_cells(ENTRIES[2], "models", {"GPU-a": 0}, now)
-    assert cells == ("mistral", "16M", "16M", "0", "durable", "ready", "2", "", "rs", "never")
+    assert cells == ("mistral", "16M", "16M", "0", "durable", "ready", "2", "", "rs", "never",
+                     "never")
     linked = model.row_cells({**ENTRIES[2], "links": 2}, "models", {"GPU-a": 0}, now)
     assert linked[model.COLUMN_KEYS.index("links")] == "2"     # hard links (issue 15)
-    assert model.row_cells(ENTRIES[3], "", {}, now)[-1] == "1m ago"
+    verified = model.COLUMN_KEYS.index("verified")
+    assert model.row_cells(ENTRIES[3], "", {}, now)[verified] == "1m ago"
     assert model.age("2026-11-16T11:06:40.000000Z", now) == "2d ago"
-    assert model.row_cells(entry("x", 1, ecc="none"), "", {}, now)[-1] == "-"
+    assert model.row_cells(entry("x", 1, ecc="none"), "", {}, now)[verified] == "-"
+    # the newest snapshot's age (issue 16)
+    snapped = {**ENTRIES[2], "snapshot": "/srv/s/snap-x",
+               "snapshot_time": "2026-11-18T10:06:40.000000Z"}
+    assert model.row_cells(snapped, "", {}, now)[model.COLUMN_KEYS.index("snapshot")] == \
+        "1h ago"
 
 
 def test_cells_of_links_and_special_files():
@@ -57,8 +64,8 @@ def test_cells_of_links_and_special_files():
     link = {"type": "symlink", "path": "models/current", "target": "v2"}
     fifo = {"type": "fifo", "path": "models/pipe"}
     assert model.row_cells(link, "models", {}, 0) == ("current -> v2", "", "", "", "", "link",
-                                                      "", "", "", "")
-    assert model.row_cells(fifo, "models", {}, 0)[0::5] == ("pipe", "fifo")
+                                                      "", "", "", "", "")
+    assert model.row_cells(fifo, "models", {}, 0)[0:6:5] == ("pipe", "fifo")
     rows = model.sorted_entries(ENTRIES + [link, fifo], "size", False, {})
     assert rows[0]["path"] == "models" and {r["type"] for r in rows[-2:]} == {"symlink",
                                                                                "fifo"}

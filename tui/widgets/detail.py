@@ -11,7 +11,7 @@ from gpumemctl.protocol.escape import escape
 
 # Shown first, in this order; the rest follow sorted, as `info` prints them.
 FIRST = ("path", "type", "target", "state", "size", "capacity", "device", "durable", "ecc",
-         "verified", "holders", "refcount", "damaged")
+         "verified", "snapshot", "snapshot_time", "holders", "refcount", "damaged")
 
 
 def info_lines(info: dict) -> Text:
