@@ -35,6 +35,7 @@ from ..protocol import (
     PermissionDenied,
     UsageError,
 )
+from . import gds
 from . import manifest as fmt
 from .manifest import BLOCK, SnapshotDamaged
 from .stores import io_pool, open_store
@@ -122,6 +123,14 @@ class _Writing:
         self.written += len(view)
         return at
 
+    def write_device(self, memory, at: int, n: int) -> int:
+        """`n` bytes of GPU memory at offset `at`, by KvikIO (gds.py)."""
+        if self.w is None:
+            self.w = gds.DeviceWriter(self.store.local_path(self.key), memory.device)
+        off = self.w.write_device(memory.ptr + at, n)
+        self.written += n
+        return off
+
     def commit(self) -> None:
         if self.w is not None:
             self.w.commit()
@@ -200,9 +209,13 @@ def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict 
         blocks[first:first + len(sums)] = sums
         advance(len(view))
 
+    kvikio = prior is None and gds.use_kvikio(handle.memory, store)
     try:
-        for a, b in runs:
-            handle.memory.drain(a * BLOCK, min(b * BLOCK, size) - a * BLOCK, sink)
+        if kvikio:
+            _device_to_file(handle.memory, size, data, blocks, places, advance)
+        else:
+            for a, b in runs:
+                handle.memory.drain(a * BLOCK, min(b * BLOCK, size) - a * BLOCK, sink)
         data.commit()
     except BaseException:
         data.abort()
@@ -218,7 +231,31 @@ def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict 
         "blocks": blocks, "extents": _extents(places),
         "written": data.written, "read": sum(min(b * BLOCK, size) - a * BLOCK
                                              for a, b in runs),
+        "kvikio": kvikio,
     }
+
+
+def _device_to_file(memory, size: int, data: _Writing, blocks: list, places: list,
+                    advance: Callable[[int], None]) -> None:
+    """A full copy of GPU memory by KvikIO, chunk by chunk, while the same chunk's
+    checksums are computed from a device-to-host pass through the staging buffers."""
+    for at in range(0, size, gds.CHUNK):
+        n = min(gds.CHUNK, size - at)
+        written = io_pool().submit(data.write_device, memory, at, n)
+        first = at // BLOCK
+
+        def hash_sink(where: int, view: memoryview) -> None:
+            sums = _hashes(view)
+            b = where // BLOCK
+            blocks[b:b + len(sums)] = sums
+
+        try:
+            memory.drain(at, n, hash_sink)
+        finally:
+            off = written.result()
+        count = fmt.block_count(n)
+        places[first:first + count] = [(data.key, off + k * BLOCK) for k in range(count)]
+        advance(n)
 
 
 def _extents(places: list[tuple[str, int]]) -> list[list]:
@@ -275,6 +312,7 @@ def create(client, location: str, names: list[str], *, incremental: bool = False
     store.sync_dir(f"{name}/data") if store.kind == "dir" else None
     written = sum(a.pop("written") for a in allocations)
     read = sum(a.pop("read") for a in allocations)
+    used_kvikio = any([a.pop("kvikio") for a in allocations])
     manifest = {
         "format": fmt.FORMAT, "version": fmt.VERSION, "name": name,
         "created_ns": time.time_ns(), "host": socket.gethostname(), "uid": os.getuid(),
@@ -286,15 +324,16 @@ def create(client, location: str, names: list[str], *, incremental: bool = False
     store.delete(f"{name}/{fmt.LOCK}")
     seconds = time.monotonic() - started
     return {"snapshot": name, "location": store.where(name), "store": store_loc,
-            "incremental": base is not None, "parent": base_name, "io": _io_kind(store),
+            "incremental": base is not None, "parent": base_name,
+            "io": _io_kind(store, used_kvikio),
             "allocations": [_brief(a) for a in allocations], "skipped": skipped,
             "bytes": manifest["bytes"], "bytes_written": written, "bytes_read": read,
             "seconds": round(seconds, 6),
             "rate": int(manifest["bytes"] / seconds) if seconds > 0 else None}
 
 
-def _io_kind(store) -> str:
-    return "s3" if store.kind == "s3" else "posix"
+def _io_kind(store, kvikio: bool = False) -> str:
+    return "s3" if store.kind == "s3" else gds.io_kind(kvikio)
 
 
 def _brief(a: dict) -> dict:
@@ -367,6 +406,43 @@ def _contiguous(first: int, n: int, places: dict) -> list[tuple[int, int]]:
     return runs
 
 
+def _file_to_device(memory, entry: dict, places: dict, store, bad: list[int],
+                    advance: Callable[[int], None]) -> None:
+    """Restore into GPU memory by KvikIO, then check each block from a device-to-host pass;
+    a block that fails is zeroed on the device and listed in `bad`."""
+    from .. import cudadrv
+    size = entry["size"]
+    for at in range(0, size, gds.CHUNK):
+        n = min(gds.CHUNK, size - at)
+        first = at // BLOCK
+        failed: set[int] = set()
+        for k0, k1 in _contiguous(first, fmt.block_count(n), places):
+            key, off = places[first + k0]
+            length = min(k1 * BLOCK, n) - k0 * BLOCK
+            try:
+                got = gds.read_device(store.local_path(key), memory.device,
+                                      memory.ptr + at + k0 * BLOCK, length, off)
+            except Exception:  # noqa: BLE001 - a missing or short object: damaged blocks
+                got = -1
+            if got != length:
+                failed.update(range(first + k0, first + k1))
+        found: list[int] = []
+
+        def check(where: int, view: memoryview, found=found, failed=failed) -> None:
+            b0 = where // BLOCK
+            found.extend(b0 + k for k, h in enumerate(_hashes(view))
+                         if b0 + k in failed or h != entry["blocks"][b0 + k])
+
+        memory.drain(at, n, check)
+        with cudadrv.context(memory.device):
+            for b in found:
+                cudadrv.memset_d8(memory.ptr + b * BLOCK, 0, min(BLOCK, size - b * BLOCK))
+            if found:
+                cudadrv.ctx_synchronize()
+        bad += found
+        advance(n)
+
+
 def _target(path: str, prefix: str | None) -> str:
     return f"{prefix.strip('/')}/{path}" if prefix else path
 
@@ -408,7 +484,8 @@ def restore(client, location: str, names: list[str], *, as_prefix: str | None = 
         readers.close()
     seconds = time.monotonic() - started
     damaged = [r for r in results if r.get("damaged")]
-    return {"snapshot": name, "location": store.where(name), "io": _io_kind(store),
+    return {"snapshot": name, "location": store.where(name),
+            "io": _io_kind(store, any(r.get("kvikio") for r in results)),
             "allocations": results, "damaged": len(damaged), "failed": len(failures),
             "bytes": total, "seconds": round(seconds, 6),
             "rate": int(total / seconds) if seconds > 0 else None,
@@ -451,8 +528,12 @@ def _restore_one(client, entry: dict, target: str, device: str | None, force: bo
         moved += len(view)
         advance(moved)
 
+    kvikio = gds.use_kvikio(handle.memory, readers.store)
     with handle:
-        handle.memory.fill(0, entry["size"], source)
+        if kvikio:
+            _file_to_device(handle.memory, entry, places, readers.store, bad, advance)
+        else:
+            handle.memory.fill(0, entry["size"], source)
         ranges = fmt.ranges_of(bad, entry["size"])
         handle.restored = {"damaged": ranges}
     for extra in entry.get("names") or []:
@@ -462,7 +543,7 @@ def _restore_one(client, entry: dict, target: str, device: str | None, force: bo
         except Exists:
             pass
     return {"path": target, "from": entry["path"], "size": entry["size"],
-            "result": "degraded" if ranges else "ok", "damaged": ranges}
+            "result": "degraded" if ranges else "ok", "damaged": ranges, "kvikio": kvikio}
 
 
 # ---- verify, ls, rm ---------------------------------------------------------------------

@@ -146,6 +146,10 @@ class DirStore:
         # Keys come from NAME_RE/KEY_RE-checked names only (manifest.py); never a user path.
         return os.path.join(self.root, key)
 
+    def local_path(self, key: str) -> str:
+        """The file of an object, for KvikIO (gpumemctl/snapshots/gds.py)."""
+        return self._path(key)
+
     def where(self, key: str = "") -> str:
         return self._path(key) if key else self.location
 
