@@ -121,6 +121,10 @@ HUMAN_RUNS = [
     ("revoke", "extra/x"), ("ln", "-s", "x", "extra/link"), ("ls", "-l", "extra"),
     ("info", "extra/link"), ("ln", "x", "extra/hard"),
     ("rm", "-r", "extra"), ("top",), ("status",), ("events", "-n", "5"),
+    ("snapshot", "create", "SNAPS", "models/clean"), ("snapshot", "ls", "SNAPS"),
+    ("snapshot", "verify", "SNAPS"), ("snapshot", "restore", "SNAPS", "--as", "again"),
+    ("info", "again/models/clean"), ("ls", "-l", "again/models"), ("status",), ("metrics",),
+    ("snapshot", "rm", "SNAPS", "--keep", "0"),
 ]
 
 
@@ -130,7 +134,8 @@ def test_no_python_none_in_any_commands_human_output(ecc_daemon, command_tree, t
     make(d, "models/fixable")
     make(d, "models/bad")
     (tmp_path / "in.bin").write_bytes(b"hello")
-    files = {"IN": str(tmp_path / "in.bin"), "OUT": str(tmp_path / "out.bin")}
+    files = {"IN": str(tmp_path / "in.bin"), "OUT": str(tmp_path / "out.bin"),
+             "SNAPS": str(tmp_path / "snaps")}
     ran: set[tuple[str, ...]] = set()
     for run in HUMAN_RUNS:
         argv = [files.get(word, word) for word in run]

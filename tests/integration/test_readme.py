@@ -41,6 +41,7 @@ RUN = {  # (heading, language) -> the test that runs it
     ("Talking to it", "python"): "test_python_snippet",
     ("The mount", "sh"): "test_mount_workflow",
     ("ECC, verify and scrub", "sh"): "test_ecc_commands",
+    ("Snapshots", "sh"): "test_snapshot_commands",
     ("Configuration and metrics", "toml"): "test_config_sample",
     ("On a GPU server", "sh"): "test_gpu_server_commands",
     ("On a GPU server", "python"): "test_gpu_server_commands",
@@ -226,6 +227,16 @@ def test_ecc_commands(daemon, tmp_path):
     run = run_shell(code, workdir(tmp_path), user_env(daemon, tmp_path))   # every exit 0: clean
     assert run.output("gpumemctl scrub --wait --quiet") == ""            # quiet when clean
     assert daemon.cli_json("info", "models/llama")["state"] == "ready"
+
+
+def test_snapshot_commands(daemon, tmp_path):
+    data = os.urandom(3 * MiB)
+    daemon.cli("create", "models/llama", "--size", "3M", "--durable", check=True)
+    daemon.cli("write", "models/llama", input=data, check=True)
+    store = str(tmp_path / "snaps")
+    code = readme_block("Snapshots", "sh").replace("/var/tmp/snaps", store)
+    run_shell(code, workdir(tmp_path), user_env(daemon, tmp_path))       # every exit 0
+    assert daemon.cli("read", "copy/models/llama", check=True).stdout == data
 
 
 def test_config_sample(daemon_factory, tmp_path):

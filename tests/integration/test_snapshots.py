@@ -28,7 +28,10 @@ import gpumemctl.memory  # noqa: F401 - a handle's mapping, loaded before run_as
 from gpumemctl import Client
 from gpumemctl.cli import run as cli_run
 from gpumemctl.protocol import GpumemError
-from gpumemctl.snapshots import engine  # noqa: F401 - `snapshot` commands load it lazily
+from gpumemctl.snapshots import (
+    engine,  # noqa: F401 - `snapshot` commands load it lazily
+    stores,
+)
 from tests.harness import child_env, is_keeper, script_argv, wait_for
 from tests.sizes import MiB
 from tests.users import NOBODY, run_as
@@ -110,6 +113,9 @@ def flip_byte(path: str, offset: int) -> None:
 def cli_as(sock: str, *args: str) -> dict:
     """`gpumemctl --socket SOCK ARGS` in this process (a run_as child: the venv's interpreter
     cannot be started by another uid): exit code, stdout and stderr."""
+    # A thread pool that this test process made before the fork (an S3 store test in the
+    # same session) has no threads in the child: the child makes its own.
+    stores._pool = None
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli_run(["--socket", sock, *args])
