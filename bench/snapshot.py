@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Snapshot benchmark: `gpumemctl snapshot create/restore` against the disk's and memory's own rates.
+"""Snapshot benchmark: `gpumemctl snapshot create/restore` against the disk's and memory's rates.
 
     /work/main/.venv/bin/python bench/snapshot.py                                  # table
     /work/main/.venv/bin/python bench/snapshot.py --backend host --size 256M --runs 1
@@ -215,7 +215,7 @@ def change_blocks(d: core.Daemon, size: int, shift: int, per_block: bool) -> dic
     new random data: through one rw handle, or one handle per block."""
     nblocks = -(-size // BLOCK)
     k = max(1, round(nblocks / 100))
-    blocks = sorted({(i * nblocks // k + shift) % nblocks for i in range(k)})
+    blocks = sorted({((2 * i + 1) * nblocks // (2 * k) + shift) % nblocks for i in range(k)})
     with d.client() as c:
         if per_block:
             for b in blocks:
@@ -497,8 +497,9 @@ def io_line(fig: dict) -> str:
     kv = fig.get("kvikio")
     if kv is not None:
         if kv["importable"]:
-            parts.append(f"KvikIO {kv.get('version')} importable, compatibility mode "
-                         f"{'preferred (no GDS)' if kv['compat_mode_preferred'] else 'not preferred (GDS possible)'}")
+            mode = "preferred (no GDS)" if kv["compat_mode_preferred"] else \
+                "not preferred (GDS possible)"
+            parts.append(f"KvikIO {kv.get('version')} importable, compatibility mode {mode}")
         else:
             parts.append(f"KvikIO not importable ({kv.get('error')})")
     return "; ".join(parts)
@@ -512,9 +513,10 @@ def print_table(fig: dict, rows: list[dict]) -> None:
           f"{m['mem_gib']} GiB RAM, {gpu}, Linux {m['kernel']}, load average at start "
           f"{m['loadavg_at_start'][0]}")
     print(f"gpumemd --backend {c['backend']}; one durable allocation of "
-          f"{format_size(c['size'])}; disk dir {c['disk_dir']} ({dm['fstype']} on "
-          f"{dm['device']}); shm dir {c['shm_dir']}; best of {c['runs']} run(s) (highest "
-          f"rate, shortest time); GB/s = 10^9 bytes/s; total run {fig['wall_s']:.1f} s")
+          f"{format_size(c['size'])} (ecc {c.get('ecc')}); disk dir {c['disk_dir']} "
+          f"({dm['fstype']} on {dm['device']}); shm dir {c['shm_dir']}")
+    print(f"best of {c['runs']} run(s) (highest rate, shortest time); GB/s = 10^9 bytes/s; "
+          f"total run {fig['wall_s']:.1f} s")
     keys = ["what", "measured", "baseline", "ratio", "target", "met"]
     widths = [max(len(k), *(len(r[k]) for r in rows)) for k in keys]
     print("| " + " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)) + " |")
@@ -585,6 +587,7 @@ def run_all(d: core.Daemon, args, fig: dict, base: str, disk: str, shm: str) -> 
     d.start(timeout=120)
     with d.client() as cl:
         cl.create(NAME, size, durable=True, device="0" if c["backend"] == "cuda" else None)
+        c["ecc"] = cl.info(NAME).get("ecc")
     say(f"filling {NAME} with gpumemctl write")
     d.cli("write", NAME, src, check=True, timeout=3600)
     os.unlink(src)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError, round_up
 
+from .backends import Backend
 from .custody import Custody
 from .describe import describe
 from .holders import Holders
@@ -52,7 +53,7 @@ class RefillVerbs:
     integrity: Integrity
     custody: Custody
     holders: Holders
-    backend: object
+    backend: Backend
     create: Callable[..., dict]
     set_durable_node: Callable[..., dict]
     _remove_holder: Callable[[Holder], None]
@@ -83,7 +84,7 @@ class RefillVerbs:
         self.integrity.changed_all(alloc)
         self._enter_restoring(alloc, cred)
         try:
-            fd = self.backend.export(alloc.buffer, True)       # type: ignore[attr-defined]
+            fd = self.backend.export(alloc.buffer, True)
             holder = self.holders.add(alloc, session, "write")
         except BaseException:
             self._abort(Refill(alloc, created, durable, unsealed), cred)
@@ -112,11 +113,11 @@ class RefillVerbs:
         device asked for, else its old one, else (gone) the first."""
         backend = self.backend
         try:
-            dev = backend.device(device if device is not None else alloc.device)  # type: ignore[attr-defined]
+            dev = backend.device(device if device is not None else alloc.device)
         except NotFound:
             if device is not None:
                 raise
-            dev = backend.device(None)                          # type: ignore[attr-defined]
+            dev = backend.device(None)
         capacity = round_up(max(alloc.size or 0, 1), dev.granularity)
         alloc.buffer = self.custody.allocate(dev, alloc.size, capacity, alloc.ecc,
                                              label=alloc.path)

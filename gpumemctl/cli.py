@@ -47,4 +47,4 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":        # `python -m gpumemctl.cli` (gpumemd's own snapshots)
-    sys.exit(main())
+    main()

@@ -16,7 +16,7 @@ import typer
 from . import actions, output
 from .actions import connect, want_json
 from .protocol import GpumemError, NotRunning, format_size
-from .protocol.errors import BUSY, OK, UNCORRECTABLE
+from .protocol.errors import BUSY, INVALID_STATE, OK, UNCORRECTABLE
 
 snapshot_app = typer.Typer(help="Snapshots of durable allocations to a directory or "
                                 "s3://bucket/prefix, and restores from them "
@@ -65,7 +65,8 @@ def create(dest: WhereArg, names: NamesArg = None,
            = False,
            quiet: QuietOpt = False, json_: JsonOpt = False):
     """Snapshot allocations into a new snapshot in DEST (default: every durable allocation
-    you may read)."""
+    you may read). A lost one is carried over from the newest snapshot in DEST that holds
+    it; exit 9 if a writer held one, 10 if a lost one is in no snapshot there."""
     from .snapshots import engine
     meter = _meter("snapshot", quiet)
     with connect() as c:
@@ -76,8 +77,10 @@ def create(dest: WhereArg, names: NamesArg = None,
         finally:
             meter.finish()
         busy = [s for s in result["skipped"] if s["reason"] == "busy"]
+        lost = [s for s in result["skipped"] if s["reason"] == "lost"]
         c.snapshot_report(action="create", snapshot=result["snapshot"],
-                          location=result["location"], result="partial" if busy else "ok",
+                          location=result["location"],
+                          result="partial" if busy or lost else "ok",
                           bytes=result["bytes"], bytes_written=result["bytes_written"],
                           duration_ms=int(result["seconds"] * 1000),
                           allocations=len(result["allocations"]),
@@ -87,13 +90,15 @@ def create(dest: WhereArg, names: NamesArg = None,
         output.warning(f"skipped '{s['path']}': {s['message']}")
     if want_json(json_):
         output.emit_json(result)
-    elif not quiet or busy:
+    elif not quiet or busy or lost:
         kind = f"incremental on {result['parent']}" if result["incremental"] else "full"
         output.data(f"snapshot {result['location']}: {len(result['allocations'])} "
                     f"allocation(s), {format_size(result['bytes'])} "
                     f"({format_size(result['bytes_written'])} written, {kind}) in "
                     f"{result['seconds']:.2f} s, {_rate(result)}, io {result['io']}")
-    return BUSY if busy else OK
+    if busy:
+        return BUSY
+    return INVALID_STATE if lost else OK
 
 
 def _rate(result: dict) -> str:

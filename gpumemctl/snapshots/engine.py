@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..protocol import (
     Busy,
@@ -112,7 +113,8 @@ class _Writing:
     """One allocation's data object, opened at its first changed block."""
 
     def __init__(self, store, key: str):
-        self.store, self.key, self.w = store, key, None
+        self.store, self.key = store, key
+        self.w: Any = None          # the store's writer, or gds.DeviceWriter
         self.written = 0
 
     def write(self, view: memoryview) -> int:
@@ -271,31 +273,81 @@ def _extents(places: list[tuple[str, int]]) -> list[list]:
 
 def create(client, location: str, names: list[str], *, incremental: bool = False,
            progress: Progress = _noop, backend: str = "host") -> dict:
-    """Snapshot the allocations into a new snapshot in the store at `location`."""
+    """Snapshot the allocations into a new snapshot in the store at `location`.
+
+    An allocation that is `lost` has no memory to copy: its entry in the newest complete
+    snapshot of the store (same path and size) is carried over, referring to the data
+    there, so the new snapshot still holds it (a snapshot taken after a reboot must never
+    become the newest one without what the reboot lost). One that no snapshot there holds
+    is skipped and named."""
     store_loc, named = split_location(location)
     if named:
         raise UsageError(f"{location} names a snapshot; `snapshot create` takes the store "
                          f"it goes in ({store_loc})")
     store = open_store(store_loc, create=True)
     entries, _ = select(client, names)
-    base_name = newest_complete(store) if incremental else None
-    base = load_manifest(store, base_name) if base_name else None
+    newest = newest_complete(store)
+    previous = load_manifest(store, newest) if newest else None
+    base = previous if incremental else None
     name = fmt.new_name()
     started = time.monotonic()
     store.begin(name)
-    store.put_atomic(f"{name}/{fmt.LOCK}", json.dumps(
-        {"host": socket.gethostname(), "pid": os.getpid(), "started_ns": time.time_ns(),
-         "uid": os.getuid()}).encode())
+    try:
+        store.put_atomic(f"{name}/{fmt.LOCK}", json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "started_ns": time.time_ns(),
+             "uid": os.getuid()}).encode())
+        allocations, skipped = _copy_all(client, entries, bool(names), store, name, base,
+                                         previous, progress)
+        if store.kind == "dir":
+            store.sync_dir(f"{name}/data")
+        written = sum(a.pop("written") for a in allocations)
+        read = sum(a.pop("read") for a in allocations)
+        used_kvikio = any([a.pop("kvikio") for a in allocations])
+        manifest = {
+            "format": fmt.FORMAT, "version": fmt.VERSION, "name": name,
+            "created_ns": time.time_ns(), "host": socket.gethostname(), "uid": os.getuid(),
+            "backend": backend, "block_size": BLOCK, "hash": fmt.HASH,
+            "parent": newest if (base is not None or any(a.get("carried")
+                                                          for a in allocations)) else None,
+            "allocations": allocations,
+            "bytes": sum(a["size"] for a in allocations), "bytes_written": written,
+        }
+        store.put_atomic(f"{name}/{fmt.MANIFEST}", fmt.seal(manifest))
+    except BaseException:
+        _discard(store, name)       # a refusal or error leaves nothing behind (kill -9 can)
+        raise
+    store.delete(f"{name}/{fmt.LOCK}")
+    seconds = time.monotonic() - started
+    return {"snapshot": name, "location": store.where(name), "store": store_loc,
+            "incremental": base is not None, "parent": manifest["parent"],
+            "io": _io_kind(store, used_kvikio),
+            "allocations": [_brief(a) for a in allocations], "skipped": skipped,
+            "bytes": manifest["bytes"], "bytes_written": written, "bytes_read": read,
+            "seconds": round(seconds, 6),
+            "rate": int(manifest["bytes"] / seconds) if seconds > 0 else None}
+
+
+def _copy_all(client, entries: list[dict], named: bool, store, name: str,
+              base: dict | None, previous: dict | None, progress: Progress):
     total = sum(e.get("size") or 0 for e in entries)
     done = 0
     allocations: list[dict] = []
     skipped: list[dict] = []
-
     for index, entry in enumerate(entries):
+        if entry.get("state") == "lost":
+            carried = _carry(previous, entry)
+            if carried is not None:
+                allocations.append(carried)
+            else:
+                skipped.append({"path": entry["path"], "reason": "lost",
+                                "message": f"'{entry['path']}' is lost and no snapshot in "
+                                           "this store holds it"})
+            total -= entry.get("size") or 0
+            continue
         try:
             handle = client.open(entry["path"], "r")
         except (Busy, PermissionDenied, InvalidState, NotFound) as exc:
-            if names and isinstance(exc, PermissionDenied):
+            if named and isinstance(exc, PermissionDenied):
                 raise
             skipped.append({"path": entry["path"], "reason": exc.name, "message": str(exc)})
             total -= entry.get("size") or 0
@@ -309,27 +361,28 @@ def create(client, location: str, names: list[str], *, incremental: bool = False
         with handle:
             allocations.append(_snapshot_one(handle, entry, store, name, index, base,
                                              advance))
-    store.sync_dir(f"{name}/data") if store.kind == "dir" else None
-    written = sum(a.pop("written") for a in allocations)
-    read = sum(a.pop("read") for a in allocations)
-    used_kvikio = any([a.pop("kvikio") for a in allocations])
-    manifest = {
-        "format": fmt.FORMAT, "version": fmt.VERSION, "name": name,
-        "created_ns": time.time_ns(), "host": socket.gethostname(), "uid": os.getuid(),
-        "backend": backend, "block_size": BLOCK, "hash": fmt.HASH,
-        "parent": base_name, "allocations": allocations,
-        "bytes": sum(a["size"] for a in allocations), "bytes_written": written,
-    }
-    store.put_atomic(f"{name}/{fmt.MANIFEST}", fmt.seal(manifest))
-    store.delete(f"{name}/{fmt.LOCK}")
-    seconds = time.monotonic() - started
-    return {"snapshot": name, "location": store.where(name), "store": store_loc,
-            "incremental": base is not None, "parent": base_name,
-            "io": _io_kind(store, used_kvikio),
-            "allocations": [_brief(a) for a in allocations], "skipped": skipped,
-            "bytes": manifest["bytes"], "bytes_written": written, "bytes_read": read,
-            "seconds": round(seconds, 6),
-            "rate": int(manifest["bytes"] / seconds) if seconds > 0 else None}
+    return allocations, skipped
+
+
+def _carry(previous: dict | None, entry: dict) -> dict | None:
+    """A lost allocation's entry in the previous snapshot, carried into the new one."""
+    if previous is None:
+        return None
+    for old in previous["allocations"]:
+        if old["path"] == entry["path"] and old["size"] == (entry.get("size") or 0):
+            return {**old, "carried": True, "track": None, "written": 0, "read": 0,
+                    "kvikio": False}
+    return None
+
+
+def _discard(store, name: str) -> None:
+    """Remove what a create that failed had written of its snapshot."""
+    try:
+        for key in store.keys(name):
+            store.delete(key)
+        store.finish_removal(name)
+    except Exception:  # noqa: BLE001 - the original error is the one to report
+        pass
 
 
 def _io_kind(store, kvikio: bool = False) -> str:
@@ -338,7 +391,8 @@ def _io_kind(store, kvikio: bool = False) -> str:
 
 def _brief(a: dict) -> dict:
     return {"path": a["path"], "size": a["size"], "durable": a["durable"],
-            "unsealed": a["unsealed"], "blocks": len(a["blocks"])}
+            "unsealed": a["unsealed"], "blocks": len(a["blocks"]),
+            "carried": bool(a.get("carried"))}
 
 
 # ---- restore ----------------------------------------------------------------------------
@@ -373,8 +427,13 @@ def _fill_chunk(at: int, view: memoryview, entry: dict, places: dict, readers: _
         piece = view[k0 * BLOCK:min(k1 * BLOCK, len(view))]
         try:
             readers.get(key).read_into(off, piece)
-        except SnapshotDamaged:
-            failed.update(range(first + k0, first + k1))
+        except SnapshotDamaged:         # find which blocks of the run are there after all
+            for k in range(k0, k1):
+                try:
+                    readers.get(key).read_into(off + (k - k0) * BLOCK,
+                                               view[k * BLOCK:min((k + 1) * BLOCK, len(view))])
+                except SnapshotDamaged:
+                    failed.add(first + k)
 
     def check(ks: range) -> list[int]:
         out = []
@@ -443,6 +502,21 @@ def _file_to_device(memory, entry: dict, places: dict, store, bad: list[int],
         advance(n)
 
 
+def _relink(client, target: str, name: str) -> None:
+    """Give the restored allocation its further hard-link name, its directory made if
+    need be; a name that exists already is left as it is."""
+    parent = name.rpartition("/")[0]
+    try:
+        if parent:
+            client.mkdir(parent, parents=True)
+    except Exists:
+        pass
+    try:
+        client.link(target, name)
+    except Exists:
+        pass
+
+
 def _target(path: str, prefix: str | None) -> str:
     return f"{prefix.strip('/')}/{path}" if prefix else path
 
@@ -470,9 +544,11 @@ def restore(client, location: str, names: list[str], *, as_prefix: str | None = 
     try:
         for entry in entries:
             target = _target(entry["path"], as_prefix)
+            def advance(n: int, base: int = done, t: str = target) -> None:
+                progress(base + n, total, t)
+
             try:
-                result = _restore_one(client, entry, target, device, force, readers,
-                                      lambda n, base=done, t=target: progress(base + n, total, t))
+                result = _restore_one(client, entry, target, device, force, readers, advance)
             except GpumemError as exc:
                 failures.append(exc)
                 results.append({"path": target, "from": entry["path"], "result": exc.name,
@@ -536,12 +612,9 @@ def _restore_one(client, entry: dict, target: str, device: str | None, force: bo
             handle.memory.fill(0, entry["size"], source)
         ranges = fmt.ranges_of(bad, entry["size"])
         handle.restored = {"damaged": ranges}
+    prefix = target[:len(target) - len(entry["path"])]
     for extra in entry.get("names") or []:
-        try:
-            client.link(target, _target(extra, None if target == entry["path"] else
-                                        target[:len(target) - len(entry["path"])]))
-        except Exists:
-            pass
+        _relink(client, target, f"{prefix}{extra}")
     return {"path": target, "from": entry["path"], "size": entry["size"],
             "result": "degraded" if ranges else "ok", "damaged": ranges, "kvikio": kvikio}
 

@@ -28,6 +28,15 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads are not there, so its pool is unusable."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
 def io_pool() -> ThreadPoolExecutor:
     """Threads for file I/O and checksums: preadv/pwrite and xxhash release the GIL."""
     global _pool

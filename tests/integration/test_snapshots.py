@@ -30,8 +30,7 @@ from gpumemctl.cli import run as cli_run
 from gpumemctl.protocol import GpumemError
 from gpumemctl.snapshots import (
     engine,  # noqa: F401 - `snapshot` commands load it lazily
-    stores,
-)
+    )
 from tests.harness import child_env, is_keeper, script_argv, wait_for
 from tests.sizes import MiB
 from tests.users import NOBODY, run_as
@@ -113,9 +112,6 @@ def flip_byte(path: str, offset: int) -> None:
 def cli_as(sock: str, *args: str) -> dict:
     """`gpumemctl --socket SOCK ARGS` in this process (a run_as child: the venv's interpreter
     cannot be started by another uid): exit code, stdout and stderr."""
-    # A thread pool that this test process made before the fork (an S3 store test in the
-    # same session) has no threads in the child: the child makes its own.
-    stores._pool = None
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli_run(["--socket", sock, *args])
@@ -710,3 +706,71 @@ def test_events_and_status_record_snapshots_and_restores(daemon, request):
     assert status["restore"]["result"] == "ok", status
     assert daemon.cli_json("info", "e/x")["snapshot"] == made["location"]
 
+
+
+# ---- what the first review found ------------------------------------------------------------
+def test_a_snapshot_taken_after_a_reboot_still_holds_what_the_reboot_lost(daemon, request):
+    """After a reboot, `create` has no memory to copy for a lost allocation: it carries its
+    entry over from the newest snapshot (the data stays there), so the new snapshot is
+    whole, `rm --keep 1` keeps that data, and a restore from the new one brings it back.
+    One that no snapshot holds is named and the exit is 10."""
+    store = make_store(request)
+    data = fill(daemon, {"x": {"size": 2 * MiB + 5}})
+    daemon.cli("snapshot", "create", store, check=True)
+    lose_memory(daemon)
+    fill(daemon, {"never": {"size": MiB}})
+    with daemon.client() as c:
+        c.remove("never")
+    proc = daemon.cli("snapshot", "create", store, "--json")
+    assert proc.returncode == 0, proc.stderr
+    made = json.loads(proc.stdout)
+    assert [(a["path"], a["carried"]) for a in made["allocations"]] == [("x", True)]
+    assert made["bytes_written"] == 0
+    daemon.cli("snapshot", "rm", store, "--keep", "1", check=True)
+    assert daemon.cli("snapshot", "verify", store).returncode == 0
+    daemon.cli("snapshot", "restore", store, "--quiet", check=True)
+    with daemon.client() as c:
+        assert c.read("x") == data["x"] and c.info("x")["state"] == "ready"
+
+    other = make_store(request)                        # a store that never held it
+    lose_memory(daemon)
+    proc = daemon.cli("snapshot", "create", other, "--json")
+    assert proc.returncode == INVALID_STATE, proc.stderr
+    assert b"'x' is lost and no snapshot in this store holds it" in proc.stderr
+
+
+def test_restore_as_brings_back_a_hard_link_in_another_directory(daemon, request):
+    store = make_store(request)
+    data = fill(daemon, {"models/v2": {"size": MiB + 1}})
+    with daemon.client() as c:
+        c.mkdir("pinned")
+        c.link("models/v2", "pinned/v2")
+    daemon.cli("snapshot", "create", store, check=True)
+    daemon.cli("snapshot", "restore", store, "--as", "copy", check=True)
+    info = daemon.cli_json("info", "copy/models/v2")
+    assert sorted(info["names"]) == ["copy/models/v2", "copy/pinned/v2"]
+    with daemon.client() as c:
+        assert c.read("copy/pinned/v2") == data["models/v2"]
+
+
+def test_a_short_data_object_damages_only_the_blocks_it_lacks(daemon, request):
+    daemon.allow_errors = True          # the damage is logged at ERROR, as it should be
+    store = make_store(request)
+    data = fill(daemon, {"w": {"size": 3 * MiB + 100}})
+    made = daemon.cli_json("snapshot", "create", store)
+    path = os.path.join(store, made["snapshot"], "data", "0.bin")
+    os.truncate(path, os.path.getsize(path) - 10)
+    proc = daemon.cli("snapshot", "restore", store, "--as", "r", "--json")
+    assert proc.returncode == UNCORRECTABLE
+    info = daemon.cli_json("info", "r/w")
+    assert info["damaged"] == [[3 * MiB, 3 * MiB + ECC_BLOCK]]    # the last block alone
+    with daemon.client() as c:
+        assert c.read_copy("r/w", 0, 3 * MiB) == data["w"][:3 * MiB]
+
+
+def test_a_refused_create_leaves_nothing_in_the_store(daemon, request):
+    store = make_store(request, owner=NOBODY)
+    fill(daemon, {"secret": {"size": MiB, "mode": 0o600}})
+    result = run_as(cli_as, daemon.socket, "snapshot", "create", store, "secret")
+    assert result["code"] == PERMISSION, result
+    assert os.listdir(store) == []
