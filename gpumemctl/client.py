@@ -50,6 +50,9 @@ if TYPE_CHECKING:
     from typing import BinaryIO
 
 
+MAX_RANGES = 256        # written ranges a handle reports at close (more are joined)
+
+
 class Handle:
     """An open allocation: a mapping of its memory and the daemon's lock on it."""
 
@@ -61,6 +64,7 @@ class Handle:
         self.memory = open_memory(backend, fd, info, writable)
         self.map = getattr(self.memory, "map", None)     # the mmap, on the host backend
         self._written: dict | None = None
+        self._ranges: list[list[int]] = []     # what was written, merged (_note_write)
         self.restored: dict | None = None    # a refill handle's outcome, sent at close
 
     def _check_range(self, offset: int, length: int) -> None:
@@ -79,18 +83,34 @@ class Handle:
         self._note_write(offset, len(data))
 
     def _note_write(self, offset: int, length: int) -> None:
-        if self._written is None:
-            self._written = {"offset": offset, "end": offset + length}
-        else:
-            self._written["offset"] = min(self._written["offset"], offset)
-            self._written["end"] = max(self._written["end"], offset + length)
+        """Remember the range written: the daemon's change tracking (incremental
+        snapshots) reads only what a handle reports. Kept as merged ranges, at most
+        MAX_RANGES of them (past that the two closest are joined)."""
+        if length <= 0:
+            return
+        ranges = self._ranges
+        ranges.append([offset, offset + length])
+        ranges.sort()
+        merged = [ranges[0]]
+        for a, b in ranges[1:]:
+            if a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        while len(merged) > MAX_RANGES:
+            k = min(range(len(merged) - 1), key=lambda i: merged[i + 1][0] - merged[i][1])
+            merged[k:k + 2] = [[merged[k][0], merged[k + 1][1]]]
+        self._ranges = merged
+        self._written = {"offset": merged[0][0], "end": merged[-1][1]}
 
     def close(self) -> None:
         if self.memory is None:
             return
         memory, self.memory, self.map = self.memory, None, None
-        written = None
-        if self._written:
+        written: dict | None = None
+        if len(self._ranges) > 1:
+            written = {"ranges": self._ranges}
+        elif self._written:
             written = {"offset": self._written["offset"],
                        "bytes": self._written["end"] - self._written["offset"]}
         try:
