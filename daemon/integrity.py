@@ -379,8 +379,12 @@ class Integrity:
             return
         ranges = written.get("ranges")
         if ranges is None:
-            ranges = [[written.get("offset", 0), written.get("offset", 0) +
-                       written.get("bytes", 0)]]
+            offset, count = written.get("offset", 0), written.get("bytes", 0)
+            ranges = [[offset, offset + count]] if isinstance(offset, int) and \
+                isinstance(count, int) else None
+        if not isinstance(ranges, list):
+            self.changed_all(alloc)          # a report we cannot read: assume anything
+            return
         for r in ranges:
             if not (isinstance(r, (list, tuple)) and len(r) == 2 and
                     all(isinstance(v, int) and v >= 0 for v in r)):

@@ -29,6 +29,7 @@ from .protocol import InternalError, InvalidState
 
 HOST_CHUNK = 8 << 20     # per write() to a file object on the host path
 CUDA_CHUNK = 64 << 20    # per pinned staging buffer (two of them, overlapped)
+SNAPSHOT_CHUNK = 256 << 20   # drain/fill's pieces on the host backend (gpumemctl snapshot)
 
 Advance = Callable[[int], None]    # called with the bytes moved so far
 
@@ -162,7 +163,7 @@ class HostMemory:
             view.release()
 
     def drain(self, offset: int, length: int, sink: Callable[[int, memoryview], None],
-              chunk: int = CUDA_CHUNK) -> None:
+              chunk: int = SNAPSHOT_CHUNK) -> None:
         """Hand [offset, offset+length) to `sink(offset, view)` in order, chunk by chunk:
         views of the mapping itself (zero-copy), valid only during the call."""
         view = memoryview(self.map)
@@ -173,7 +174,7 @@ class HostMemory:
             view.release()
 
     def fill(self, offset: int, length: int, source: Callable[[int, memoryview], None],
-             chunk: int = CUDA_CHUNK) -> None:
+             chunk: int = SNAPSHOT_CHUNK) -> None:
         """Let `source(offset, view)` fill [offset, offset+length) chunk by chunk, writing
         straight into the mapping."""
         if not self.writable:

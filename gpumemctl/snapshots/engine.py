@@ -43,6 +43,7 @@ from .stores import io_pool, open_store
 
 Progress = Callable[[int, int, str], None]     # (bytes done, bytes total, detail)
 HASH_GROUP = 8                                   # blocks per checksum task
+CHUNK = 256 << 20          # bytes a snapshot moves at a time (a pinned buffer's, on cuda)
 
 
 def _noop(done: int, total: int, detail: str = "") -> None:
@@ -109,51 +110,88 @@ def select(client, names: list[str]) -> tuple[list[dict], list[dict]]:
 
 
 # ---- create -----------------------------------------------------------------------------
+STRIPES = 16               # data objects per allocation in a directory store
+UNIT = 8                   # blocks per stripe unit (8 MiB)
+
+
 class _Writing:
-    """One allocation's data object, opened at its first changed block."""
+    """One allocation's data, written as blocks go by. In a directory store it is striped
+    over STRIPES objects in 8 MiB units, so that parallel writes go to different files (a
+    file system serialises writes to one file: tmpfs's 2 GB/s against the 27 GB/s of 16
+    files at once on the GPU machine); an object store gets one object (its multipart
+    upload is parallel already). Objects are opened at their first block."""
 
-    def __init__(self, store, key: str):
-        self.store, self.key = store, key
-        self.w: Any = None          # the store's writer, or gds.DeviceWriter
-        self.written = 0
+    def __init__(self, store, name: str, index: int):
+        self.store = store
+        self.stripes = STRIPES if store.kind == "dir" else 1
+        self.keys = [fmt.data_key(name, index * STRIPES + k) for k in range(self.stripes)]
+        self.key = self.keys[0]
+        self.writers: dict[int, Any] = {}
+        self.blocks = 0             # blocks written so far (their order in the stripes)
+        self.written = 0            # bytes written so far
 
-    def write(self, view: memoryview) -> int:
-        if self.w is None:
-            self.w = self.store.writer(self.key)
-        at = self.written
-        self.w.write(view)
+    def _writer(self, k: int):
+        if k not in self.writers:
+            self.writers[k] = self.store.writer(self.keys[k])
+        return self.writers[k]
+
+    def _place(self, lb: int) -> tuple[int, int]:
+        unit = lb // UNIT
+        return unit % self.stripes, (unit // self.stripes) * UNIT * BLOCK + lb % UNIT * BLOCK
+
+    def write(self, view: memoryview) -> list[tuple[str, int]]:
+        """Write whole blocks (the last may be short); where each block went."""
+        n = fmt.block_count(len(view))
+        places = [self._place(self.blocks + k) for k in range(n)]
+        if self.stripes == 1:
+            self._writer(0).write(view)
+        else:
+            jobs = []
+            k = 0
+            while k < n:                       # runs of blocks in one stripe unit
+                end = min(n, k + UNIT - (self.blocks + k) % UNIT)
+                stripe, off = places[k]
+                piece = view[k * BLOCK:min(end * BLOCK, len(view))]
+                jobs.append(io_pool().submit(self._writer(stripe).write_at, off, piece))
+                k = end
+            for job in jobs:
+                job.result()
+        self.blocks += n
         self.written += len(view)
-        return at
+        return [(self.keys[stripe], off) for stripe, off in places]
 
     def write_device(self, memory, at: int, n: int) -> int:
-        """`n` bytes of GPU memory at offset `at`, by KvikIO (gds.py)."""
-        if self.w is None:
-            self.w = gds.DeviceWriter(self.store.local_path(self.key), memory.device)
-        off = self.w.write_device(memory.ptr + at, n)
+        """`n` bytes of GPU memory at offset `at`, by KvikIO (gds.py), to the first object."""
+        if 0 not in self.writers:
+            self.writers[0] = gds.DeviceWriter(self.store.local_path(self.key),
+                                               memory.device)
+        off = self.writers[0].write_device(memory.ptr + at, n)
         self.written += n
         return off
 
     def commit(self) -> None:
-        if self.w is not None:
-            self.w.commit()
+        for w in self.writers.values():
+            w.commit()
 
     def abort(self) -> None:
-        if self.w is not None:
-            self.w.abort()
+        for w in self.writers.values():
+            w.abort()
 
 
-def _hashes(view: memoryview) -> list[str]:
-    """The checksum of each block of `view`, computed on the I/O pool."""
+def _hash_jobs(view: memoryview) -> list:
+    """Futures of the checksums of `view`'s blocks, HASH_GROUP blocks a task."""
     n = fmt.block_count(len(view))
-    groups = [(g, min(g + HASH_GROUP, n)) for g in range(0, n, HASH_GROUP)]
 
-    def run(span):
-        return [fmt.block_hash(view[b * BLOCK:(b + 1) * BLOCK]) for b in range(*span)]
-    if len(groups) == 1:
-        return run(groups[0])
+    def run(g: int) -> list[str]:
+        return [fmt.block_hash(view[b * BLOCK:(b + 1) * BLOCK])
+                for b in range(g, min(g + HASH_GROUP, n))]
+    return [io_pool().submit(run, g) for g in range(0, n, HASH_GROUP)]
+
+
+def _gather(jobs: list) -> list[str]:
     out: list[str] = []
-    for f in [io_pool().submit(run, g) for g in groups]:
-        out += f.result()
+    for job in jobs:
+        out += job.result()
     return out
 
 
@@ -179,12 +217,20 @@ def _changed_runs(handle, prior: dict | None, nblocks: int) -> tuple[list, str |
     return [(0, nblocks)] if nblocks else [], track.get("next")
 
 
+def _big_chunks(memory) -> None:
+    """Move CHUNK bytes at a time: enough 8 MiB pieces in flight to keep 16 threads busy
+    (a cuda handle's staging buffers are made at their first use, this size)."""
+    if hasattr(memory, "chunk"):
+        memory.chunk = CHUNK
+
+
 def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict | None,
                   advance: Callable[[int], None]) -> dict:
     info = handle.info
+    _big_chunks(handle.memory)
     size = info["size"] or 0
     nblocks = fmt.block_count(size)
-    data = _Writing(store, fmt.data_key(name, index))
+    data = _Writing(store, name, index)
     prior = _base_entry(base, entry["path"], size)
     runs, token = _changed_runs(handle, prior, nblocks)
     blocks: list = [None] * nblocks
@@ -196,18 +242,16 @@ def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict 
 
     def sink(at: int, view: memoryview) -> None:
         first = at // BLOCK
-        future = io_pool().submit(_hashes, view)
+        hashing = _hash_jobs(view)
         if prior is None:
-            off = data.write(view)           # meanwhile the checksums are computed
-            sums = future.result()
-            places[first:first + len(sums)] = [(data.key, off + k * BLOCK)
-                                               for k in range(len(sums))]
+            wrote = data.write(view)         # meanwhile the checksums are computed
+            sums = _gather(hashing)
+            places[first:first + len(sums)] = wrote
         else:
-            sums = future.result()
+            sums = _gather(hashing)
             for k, h in enumerate(sums):
                 if blocks[first + k] != h:
-                    places[first + k] = (data.key,
-                                         data.write(view[k * BLOCK:(k + 1) * BLOCK]))
+                    places[first + k] = data.write(view[k * BLOCK:(k + 1) * BLOCK])[0]
         blocks[first:first + len(sums)] = sums
         advance(len(view))
 
@@ -247,7 +291,7 @@ def _device_to_file(memory, size: int, data: _Writing, blocks: list, places: lis
         first = at // BLOCK
 
         def hash_sink(where: int, view: memoryview) -> None:
-            sums = _hashes(view)
+            sums = _gather(_hash_jobs(view))
             b = where // BLOCK
             blocks[b:b + len(sums)] = sums
 
@@ -418,36 +462,34 @@ def _fill_chunk(at: int, view: memoryview, entry: dict, places: dict, readers: _
                 bad: list[int]) -> None:
     """Fill `view` (bytes [at, at+len) of the allocation) from the store, checking each
     block; a block that fails is zeroed and listed in `bad`, never left as data. Blocks
-    stored one after another are read in one call (the store splits it in parallel
-    pieces), then checked in parallel."""
+    stored one after another (at most a stripe unit) are read in one call, each run with
+    its checks a task of its own on the I/O pool."""
     first, n = at // BLOCK, fmt.block_count(len(view))
-    failed: set[int] = set()
-    for k0, k1 in _contiguous(first, n, places):
+
+    def piece(k: int) -> memoryview:
+        return view[k * BLOCK:min((k + 1) * BLOCK, len(view))]
+
+    def run(k0: int, k1: int) -> list[int]:
         key, off = places[first + k0]
-        piece = view[k0 * BLOCK:min(k1 * BLOCK, len(view))]
+        failed: set[int] = set()
         try:
-            readers.get(key).read_into(off, piece)
+            readers.get(key).read_into(off, view[k0 * BLOCK:min(k1 * BLOCK, len(view))])
         except SnapshotDamaged:         # find which blocks of the run are there after all
             for k in range(k0, k1):
                 try:
-                    readers.get(key).read_into(off + (k - k0) * BLOCK,
-                                               view[k * BLOCK:min((k + 1) * BLOCK, len(view))])
+                    readers.get(key).read_into(off + (k - k0) * BLOCK, piece(k))
                 except SnapshotDamaged:
-                    failed.add(first + k)
-
-    def check(ks: range) -> list[int]:
+                    failed.add(k)
         out = []
-        for k in ks:
-            piece = view[k * BLOCK:min((k + 1) * BLOCK, len(view))]
-            b = first + k
-            if b in failed or fmt.block_hash(piece) != entry["blocks"][b]:
-                piece[:] = bytes(len(piece))
-                out.append(b)
+        for k in range(k0, k1):
+            if k in failed or fmt.block_hash(piece(k)) != entry["blocks"][first + k]:
+                piece(k)[:] = bytes(len(piece(k)))
+                out.append(first + k)
         return out
 
-    groups = [range(g, min(g + HASH_GROUP, n)) for g in range(0, n, HASH_GROUP)]
-    for f in [io_pool().submit(check, g) for g in groups]:
-        bad += f.result()
+    jobs = [io_pool().submit(run, k0, k1) for k0, k1 in _contiguous(first, n, places)]
+    for job in jobs:
+        bad += job.result()
 
 
 def _contiguous(first: int, n: int, places: dict) -> list[tuple[int, int]]:
@@ -458,7 +500,7 @@ def _contiguous(first: int, n: int, places: dict) -> list[tuple[int, int]]:
         if runs:
             k0, _ = runs[-1]
             key0, off0 = places[first + k0]
-            if key0 == key and off0 + (k - k0) * BLOCK == off:
+            if key0 == key and off0 + (k - k0) * BLOCK == off and k - k0 < UNIT:
                 runs[-1] = (k0, k + 1)
                 continue
         runs.append((k, k + 1))
@@ -489,7 +531,7 @@ def _file_to_device(memory, entry: dict, places: dict, store, bad: list[int],
 
         def check(where: int, view: memoryview, found=found, failed=failed) -> None:
             b0 = where // BLOCK
-            found.extend(b0 + k for k, h in enumerate(_hashes(view))
+            found.extend(b0 + k for k, h in enumerate(_gather(_hash_jobs(view)))
                          if b0 + k in failed or h != entry["blocks"][b0 + k])
 
         memory.drain(at, n, check)
@@ -605,6 +647,7 @@ def _restore_one(client, entry: dict, target: str, device: str | None, force: bo
         advance(moved)
 
     kvikio = gds.use_kvikio(handle.memory, readers.store)
+    _big_chunks(handle.memory)
     with handle:
         if kvikio:
             _file_to_device(handle.memory, entry, places, readers.store, bad, advance)
@@ -645,7 +688,7 @@ def _verify_one(store, name: str, progress: Progress) -> dict:
     problems = []
     total = sum(e["size"] for e in manifest["allocations"])
     done = 0
-    buf = bytearray(BLOCK * HASH_GROUP)
+    buf = bytearray(CHUNK)
     try:
         for entry in manifest["allocations"]:
             places = {b: (key, off) for b, key, off, _n in fmt.extent_blocks(entry)}

@@ -126,6 +126,10 @@ class DirWriter:
                 f.result()
         self.offset += len(view)
 
+    def write_at(self, offset: int, piece: memoryview) -> None:
+        """One piece at `offset` (the caller runs several at once: striped objects)."""
+        self.file.pwrite_all(piece, offset)
+
     def commit(self) -> None:
         os.fsync(self.file.fd)
         self.file.close()
