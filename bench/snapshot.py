@@ -156,6 +156,36 @@ def phase_tmpfs_baseline(src: str, shm: str, runs: int) -> dict:
     return {"runs": results, "gbps": max(r["gbps"] for r in results)}
 
 
+def phase_tmpfs_ceiling(shm: str, size: int) -> dict:
+    """What tmpfs itself takes and gives at best, for context on the shm rows: `size`
+    bytes from one 256 MiB buffer, written by 16 threads as 8 MiB pwrites into 16 files
+    (as a snapshot stripes them), then read back the same way. No page cache is dropped:
+    tmpfs is the page cache."""
+    from concurrent.futures import ThreadPoolExecutor
+    piece, files = 8 << 20, 16
+    buf = memoryview(bytearray(os.urandom(1 << 20)) * 256)
+    paths = [os.path.join(shm, f"ceiling-{k}") for k in range(files)]
+    fds = [os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600) for p in paths]
+    jobs = [(fds[(i // piece) % files], (i // piece // files) * piece,
+             buf[i % len(buf):i % len(buf) + piece]) for i in range(0, size, piece)]
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            t = time.perf_counter()
+            list(pool.map(lambda j: os.pwrite(j[0], j[2], j[1]), jobs))
+            write_s = time.perf_counter() - t
+            out = bytearray(piece * 16)
+            views = [memoryview(out)[k * piece:(k + 1) * piece] for k in range(16)]
+            t = time.perf_counter()
+            list(pool.map(lambda kj: os.preadv(kj[1][0], [views[kj[0] % 16]], kj[1][1]),
+                          enumerate(jobs)))
+            read_s = time.perf_counter() - t
+    finally:
+        for fd, p in zip(fds, paths, strict=True):
+            os.close(fd)
+            os.unlink(p)
+    return {"write_gbps": size / write_s / 1e9, "read_gbps": size / read_s / 1e9}
+
+
 def phase_pinned(runs: int) -> dict:
     """The cuda backend's yardstick: bench/gpu.py's pinned cuMemcpyHtoD/DtoH of 256 MiB."""
     import gpu  # bench/gpu.py (imports the CUDA driver bindings: cuda only)
@@ -445,6 +475,12 @@ def rows_from(fig: dict) -> list[dict]:
         shm_w_what = shm_r_what = "tmpfs dd"
         shm_target = None
 
+    ceiling = fig.get("tmpfs_ceiling")
+    if ceiling:
+        row(f"context: tmpfs takes {size} from 16 threads, 8 MiB pwrites to 16 files",
+            gb(ceiling["write_gbps"]))
+        row(f"context: tmpfs gives {size} to 16 threads, 8 MiB preads from 16 files",
+            gb(ceiling["read_gbps"]))
     cd = best(fig, "create_disk")
     judged(f"snapshot create {size} full -> disk dir (fsynced)", cd["rate"] / 1e9,
            disk["write_gbps"], TARGET_DISK, "dd write")
@@ -583,6 +619,8 @@ def run_all(d: core.Daemon, args, fig: dict, base: str, disk: str, shm: str) -> 
     fig["sha256"] = want
     if c["backend"] == "host":
         fig["tmpfs_baseline"] = phase_tmpfs_baseline(src, shm, runs)
+    say("baseline: what tmpfs takes and gives with 16 writers/readers")
+    fig["tmpfs_ceiling"] = phase_tmpfs_ceiling(shm, size)
     say(f"starting gpumemd --backend {c['backend']} in {base}")
     d.start(timeout=120)
     with d.client() as cl:
