@@ -83,8 +83,8 @@ def test_a_damaged_snapshot_block_never_reaches_gpu_memory_as_data(gpu_daemon, t
     store = tmp_path / "snaps"
     made = _json(d, "snapshot", "create", str(store), env=env)
     manifest = json.loads((store / made["snapshot"] / "manifest.json").read_bytes())
-    first, _count, key, off = [e for e in manifest["allocations"][0]["extents"]
-                               if e[0] <= 10 < e[0] + e[1]][0]      # block 10's place
+    first, _count, key, off = next(e for e in manifest["allocations"][0]["extents"]
+                                   if e[0] <= 10 < e[0] + e[1])      # block 10's place
     with open(store / key, "r+b") as f:
         f.seek(off + (10 - first) * MiB + 5)
         f.write(b"\xff" if data[10 * MiB + 5] != 0xff else b"\x00")
