@@ -3,15 +3,17 @@
 A snapshot is a directory (or an object-store prefix) `snap-<UTC time>-<random>` in a store:
 
     <store>/snap-20261123T141500.123456Z-3fa9c1/manifest.json     written last: the commit
-    <store>/snap-20261123T141500.123456Z-3fa9c1/data/<n>.bin      one object per allocation
+    <store>/snap-20261123T141500.123456Z-3fa9c1/data/<n>.bin      data objects (engine.py stripes
+                                                                   an allocation over up to 16)
     <store>/snap-20261123T141500.123456Z-3fa9c1/lock.json         only while it is written
     <store>/snap-20261123T141500.123456Z-3fa9c1/retired.json      removed, data still used
 
 An allocation's data is cut in blocks of BLOCK bytes (the last one shorter). The manifest lists
 each block's checksum (XXH3-128, hex) and, as extents, where its bytes are: `[first block,
-count, object key, byte offset in the object]`. A full snapshot has one extent per
-allocation; an incremental one stores only the blocks that changed and refers to the objects
-of older snapshots in the same store for the rest. The manifest carries the SHA-256 of its own
+count, object key, byte offset in the object]`. A full snapshot has one extent per stripe
+unit (8 MiB; one per allocation in an object store); an incremental one stores only the
+blocks that changed and refers to the objects of older snapshots in the same store for the
+rest. The manifest carries the SHA-256 of its own
 canonical JSON (every key but `checksum`), so a flipped byte anywhere in it is found.
 
 Everything read from a store is hostile input (a store may be shared with other users):
