@@ -94,6 +94,18 @@ def emit(fig: dict, rows: list[dict], as_json: bool, print_table) -> None:
         print_table(fig, rows)
 
 
+def markdown_table(rows: list[dict], keys: list[str]) -> list[str]:
+    """Rows as a Markdown table: the first column left-aligned, the rest right-aligned."""
+    widths = [max(len(k), *(len(r[k]) for r in rows)) for k in keys]
+    lines = ["| " + " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)) + " |",
+             "| " + " | ".join("-" * w for w in widths) + " |"]
+    for r in rows:
+        cells = [r[keys[0]].ljust(widths[0])] + [r[k].rjust(w) for k, w in
+                                                 zip(keys[1:], widths[1:], strict=True)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def pct(values: list[float], p: float) -> float:
     """Percentile by linear interpolation between closest ranks (p in 0..100)."""
     s = sorted(values)

@@ -424,14 +424,8 @@ def footer(fig: dict, rows: list[dict]) -> list[str]:
 def print_table(fig: dict, rows: list[dict]) -> None:
     for line in header(fig):
         print(line)
-    keys = ["what", "mount", "tmpfs", "ratio", "target", "met"]
-    widths = [max(len(k), *(len(r[k]) for r in rows)) for k in keys]
-    print("| " + " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)) + " |")
-    print("| " + " | ".join("-" * w for w in widths) + " |")
-    for r in rows:
-        cells = [r["what"].ljust(widths[0])] + [r[k].rjust(w) for k, w in
-                                                zip(keys[1:], widths[1:], strict=True)]
-        print("| " + " | ".join(cells) + " |")
+    for line in core.markdown_table(rows, ["what", "mount", "tmpfs", "ratio", "target", "met"]):
+        print(line)
     for line in footer(fig, rows):
         print(line)
 

@@ -553,14 +553,9 @@ def print_table(fig: dict, rows: list[dict]) -> None:
           f"({dm['fstype']} on {dm['device']}); shm dir {c['shm_dir']}")
     print(f"best of {c['runs']} run(s) (highest rate, shortest time); GB/s = 10^9 bytes/s; "
           f"total run {fig['wall_s']:.1f} s")
-    keys = ["what", "measured", "baseline", "ratio", "target", "met"]
-    widths = [max(len(k), *(len(r[k]) for r in rows)) for k in keys]
-    print("| " + " | ".join(k.ljust(w) for k, w in zip(keys, widths, strict=True)) + " |")
-    print("| " + " | ".join("-" * w for w in widths) + " |")
-    for r in rows:
-        cells = [r["what"].ljust(widths[0])] + [r[k].rjust(w) for k, w in
-                                                zip(keys[1:], widths[1:], strict=True)]
-        print("| " + " | ".join(cells) + " |")
+    for line in core.markdown_table(rows, ["what", "measured", "baseline", "ratio", "target",
+                                           "met"]):
+        print(line)
     print(io_line(fig))
     judged = [r for r in rows if r["target"]]
     missed = [r["what"] for r in judged if r["met"] == "missed"]

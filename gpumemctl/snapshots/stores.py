@@ -20,6 +20,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ..memory import _pread_full as pread_full
+from ..memory import _pwrite_full as pwrite_full
 from ..protocol import NotFound, PermissionDenied, UsageError
 from .manifest import NAME_RE, SnapshotDamaged
 
@@ -85,20 +87,20 @@ class Direct:
     def pwrite_all(self, piece: memoryview, offset: int) -> None:
         if self._direct_fits(piece, offset):
             try:
-                return _pwrite_all(self.direct, piece, offset)   # type: ignore[arg-type]
+                return pwrite_full(self.direct, piece, offset)   # type: ignore[arg-type]
             except OSError as exc:
                 if exc.errno != errno.EINVAL:                    # not aligned after all
                     raise
-        _pwrite_all(self.fd, piece, offset)
+        pwrite_full(self.fd, piece, offset)
 
     def pread_all(self, piece: memoryview, offset: int) -> int:
         if self._direct_fits(piece, offset):
             try:
-                return _pread_all(self.direct, piece, offset)     # type: ignore[arg-type]
+                return pread_full(self.direct, piece, offset)     # type: ignore[arg-type]
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-        return _pread_all(self.fd, piece, offset)
+        return pread_full(self.fd, piece, offset)
 
     def close(self) -> None:
         for fd in (self.fd, self.direct):
@@ -141,12 +143,6 @@ class DirWriter:
             os.unlink(self.tmp)
 
 
-def _pwrite_all(fd: int, piece: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(piece):
-        done += os.pwrite(fd, piece[done:], offset + done)
-
-
 class DirReader:
     def __init__(self, path: str, key: str):
         self.key = key
@@ -170,16 +166,6 @@ class DirReader:
 
     def close(self) -> None:
         self.file.close()
-
-
-def _pread_all(fd: int, piece: memoryview, offset: int) -> int:
-    got = 0
-    while got < len(piece):
-        n = os.preadv(fd, [piece[got:]], offset + got)
-        if not n:
-            break
-        got += n
-    return got
 
 
 class DirStore:
@@ -235,7 +221,7 @@ class DirStore:
         tmp = f"{path}.tmp-{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            _pwrite_all(fd, memoryview(data), 0)
+            pwrite_full(fd, memoryview(data), 0)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -774,3 +774,33 @@ def test_a_refused_create_leaves_nothing_in_the_store(daemon, request):
     result = run_as(cli_as, daemon.socket, "snapshot", "create", store, "secret")
     assert result["code"] == PERMISSION, result
     assert os.listdir(store) == []
+
+
+def test_snapshot_on_stop_and_restore_on_start_bring_memory_back_unattended(daemon_factory,
+                                                                            request,
+                                                                            tmp_path):
+    """With snapshot_dir, snapshot_on_stop and restore_on_start, no command is run by hand:
+    the clean stop snapshots the durable allocations, the memory is lost (keeper killed, as
+    by a reboot), and the next start refills them in the background until each is
+    `ready` with every byte back; transient ones are not snapshotted."""
+    store = make_store(request)
+    config = tmp_path / "gpumemd.toml"
+    config.write_text(f'snapshot_dir = "{store}"\nsnapshot_on_stop = true\n'
+                      "restore_on_start = true\n")
+    d = daemon_factory(extra_args=["--config", str(config)])
+    data = fill(d, {"models/a": {"size": 9 * MiB + 1}, "b": {"size": 4096, "mode": 0o600}})
+    fill(d, {"scratch": {"size": MiB, "durable": False}})
+    lose_memory(d)
+    (snap,) = snapshot_dirs(store)
+    assert sorted(a["path"] for a in manifest_of(store, snap)["allocations"]) == \
+        ["b", "models/a"]
+    wait_for(lambda: set(states(d).values()) == {"ready"}, 30,
+             what="restore_on_start to finish")
+    with d.client() as c:
+        for path, want in data.items():
+            assert c.read(path) == want, path
+        assert c.info("b")["mode"] == "0600"
+        assert c.check()["clean"], c.check()
+    kinds = [(e["kind"], e["detail"].get("action")) for e in d.cli_json("events", "-n", "1000")]
+    assert ("snapshot", "create") in kinds and ("snapshot", "restore") in kinds
+    assert "snapshot_on_stop" in d.log() and "restore_on_start: 2 of 2" in d.log()
