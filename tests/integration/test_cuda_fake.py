@@ -385,7 +385,9 @@ def test_snapshot_round_trip_on_the_cuda_backend_through_the_staging_buffers(cud
     cli(cuda_daemon, "write", "w", "--offset", str(100 * MiB + 5), input=b"new", check=True)
     inc = cli_json(cuda_daemon, "snapshot", "create", str(store), "--incremental")
     assert inc["incremental"] and inc["bytes_written"] == MiB and inc["bytes_read"] == MiB
-    cli(cuda_daemon, "snapshot", "restore", str(store), "--as", "copy", check=True)
+    cli(cuda_daemon, "snapshot", "restore", str(store), "--as", "copy", "--device", "1",
+        check=True)                                  # onto the other GPU
+    assert cli_json(cuda_daemon, "info", "copy/w")["device"] == FAKE_UUID1
     out = cli(cuda_daemon, "read", "copy/w", timeout=120, check=True).stdout
     want = data[:100 * MiB + 5] + b"new" + data[100 * MiB + 8:]
     assert hashlib.sha256(out).digest() == hashlib.sha256(want).digest()
