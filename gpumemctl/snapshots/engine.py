@@ -773,19 +773,23 @@ def remove(location: str, keep: int | None) -> dict:
         doomed = [n for n in names if n not in kept and rows[n]["state"] != "in progress"]
     survivors = [n for n in names if n not in doomed]
     referenced: set[str] = set()
+    unreadable = False          # a kept manifest we cannot read may refer to anything
     for n in survivors:
         try:
             referenced |= fmt.keys_of(load_manifest(store, n))
-        except (NotFound, SnapshotDamaged):
-            pass
+        except NotFound:
+            pass                # partial or retired: no manifest refers to anything
+        except SnapshotDamaged:
+            unreadable = True
     removed, kept_objects = [], 0
     for n in doomed:
-        kept_here = [key for key in store.keys(n) if key in referenced]
+        kept_here = {key for key in store.keys(n) if key in referenced or
+                     (unreadable and "/data/" in key)}
         if kept_here:
             store.put_atomic(f"{n}/{fmt.RETIRED}", b"{}")
         store.delete(f"{n}/{fmt.MANIFEST}")        # first: it stops being a snapshot
         for key in store.keys(n):
-            if key not in referenced and not key.endswith(fmt.RETIRED):
+            if key not in kept_here and not key.endswith(fmt.RETIRED):
                 store.delete(key)
         if not kept_here:
             store.delete(f"{n}/{fmt.RETIRED}")

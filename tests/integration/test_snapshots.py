@@ -804,3 +804,19 @@ def test_snapshot_on_stop_and_restore_on_start_bring_memory_back_unattended(daem
     kinds = [(e["kind"], e["detail"].get("action")) for e in d.cli_json("events", "-n", "1000")]
     assert ("snapshot", "create") in kinds and ("snapshot", "restore") in kinds
     assert "snapshot_on_stop" in d.log() and "restore_on_start: 2 of 2" in d.log()
+
+
+def test_rm_keeps_data_a_kept_but_unreadable_manifest_may_need(daemon, request):
+    """Removing a snapshot while a newer one's manifest cannot be read: that manifest may
+    refer to the removed one's data, so the data stays (`retired`), never deleted blind."""
+    store = make_store(request)
+    fill(daemon, {"w": {"size": 3 * MiB}})
+    old = daemon.cli_json("snapshot", "create", store)["snapshot"]
+    with daemon.client() as c:
+        c.write("w", b"new", offset=MiB)
+    new = daemon.cli_json("snapshot", "create", store, "--incremental")["snapshot"]
+    flip_byte(os.path.join(store, new, "manifest.json"), 40)
+    daemon.cli("snapshot", "rm", os.path.join(store, old), check=True)
+    assert os.listdir(os.path.join(store, old, "data")), "the old data was deleted"
+    states_now = {r["snapshot"]: r["state"] for r in daemon.cli_json("snapshot", "ls", store)}
+    assert states_now == {old: "retired", new: "damaged"}
