@@ -94,6 +94,13 @@ def emit(fig: dict, rows: list[dict], as_json: bool, print_table) -> None:
         print_table(fig, rows)
 
 
+def show_log_tail(d) -> None:
+    """On a benchmark's failure: the end of its gpumemd's log, on stderr."""
+    tail = d.log_tail()
+    if tail:
+        print(f"--- gpumemd log tail ({d.log_path}) ---\n{tail}", file=sys.stderr)
+
+
 def markdown_table(rows: list[dict], keys: list[str]) -> list[str]:
     """Rows as a Markdown table: the first column left-aligned, the rest right-aligned."""
     widths = [max(len(k), *(len(r[k]) for r in rows)) for k in keys]
@@ -524,9 +531,7 @@ def main(argv=None) -> int:
         fig["restart"] = phase_restart(d, c, args.restarts)
         fig["wall_s"] = time.perf_counter() - started
     except BaseException:
-        tail = d.log_tail()
-        if tail:
-            print(f"--- gpumemd log tail ({d.log_path}) ---\n{tail}", file=sys.stderr)
+        show_log_tail(d)
         raise
     finally:
         d.cleanup()

@@ -497,9 +497,7 @@ def main(argv=None) -> int:
         say("interrupted; stopping gpumemd and removing the temp dirs")
         return 130
     except Exception:
-        tail = d.log_tail()
-        if tail:
-            print(f"--- gpumemd log tail ({d.log_path}) ---\n{tail}", file=sys.stderr)
+        core.show_log_tail(d)
         raise
     finally:
         fig["stop"] = d.stop_and_clean()

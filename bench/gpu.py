@@ -335,9 +335,7 @@ def main(argv=None) -> int:
         fig["restart"] = phase_restart(d, c, args.restart_allocs, 64 * MiB)
         fig["wall_s"] = time.perf_counter() - started
     except BaseException:
-        tail = d.log_tail()
-        if tail:
-            print(f"--- gpumemd log tail ({d.log_path}) ---\n{tail}", file=sys.stderr)
+        core.show_log_tail(d)
         raise
     finally:
         d.cleanup()

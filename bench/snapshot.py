@@ -667,9 +667,7 @@ def main(argv=None) -> int:
         say("interrupted; stopping gpumemd and removing what the benchmark made")
         return 130
     except Exception:
-        tail = d.log_tail()
-        if tail:
-            print(f"--- gpumemd log tail ({d.log_path}) ---\n{tail}", file=sys.stderr)
+        core.show_log_tail(d)
         raise
     finally:
         d.cleanup()
