@@ -93,6 +93,16 @@ def _no_unexpected_errors_logged(caplog):
 
 
 # ---- no gpumemd or keeper outlives the run ------------------------------------------------
+def _interrupted(signum, frame):
+    """SIGTERM (`timeout`, CI's end, `make` stopped) ends the run as Ctrl-C does, so
+    pytest_sessionfinish below still ends the daemons and keepers the tests started."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Fail the run if a gpumemd or keeper that a test started is still alive (a test that
     forgot to stop one would leave it running on the developer's machine), then end them.
