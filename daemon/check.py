@@ -116,6 +116,31 @@ class Checker:
             for (parent_id, name), node_id in live.items():
                 self.registry.insert_link(parent_id, name, node_id)
 
+    def check_user_metadata(self) -> None:
+        """The registry's `metadata` rows are the user metadata the tree's nodes hold: none
+        of a node the tree lacks (ON DELETE CASCADE sees to that), none missing or
+        different. A repair writes the tree's into the registry."""
+        rows: dict[int, dict[bytes, bytes]] = {}
+        for node_id, key, value in self.registry.load_metadata():
+            rows.setdefault(node_id, {})[key] = value
+        live = {n.id: n.metadata for n in self.m.all_nodes() if n.metadata}
+        for node_id in sorted(set(rows) | set(live)):
+            if rows.get(node_id, {}) == live.get(node_id, {}):
+                continue
+            node = self.m.node_or_none(node_id)
+            what = f"'{node.path}' (id {node_id})" if node is not None else \
+                f"node {node_id}, which the daemon does not hold,"
+            wanted = live.get(node_id, {})
+            self._problem("metadata", f"the registry's user metadata of {what} differs from "
+                          "the daemon's",
+                          lambda i=node_id, m=wanted: self._rewrite_metadata(i, m))
+
+    def _rewrite_metadata(self, node_id: int, metadata: dict[bytes, bytes]) -> None:
+        with self.registry.transaction(durable=True):
+            self.registry.delete_metadata(node_id)
+            for key, value in metadata.items():
+                self.registry.set_metadata(node_id, key, value)
+
     def check_backend_memory(self) -> None:
         for alloc in self.m.allocations():
             has_memory = alloc.state in ("ready", "degraded")

@@ -24,6 +24,8 @@ from typing import Any
 
 from gpumemctl.protocol import UsageError, parse_size
 
+from . import usermeta
+
 CONFIG_ENV = "GPUMEMD_CONFIG"
 BACKENDS = ("auto", "cuda", "host")
 ECC_MODES = ("rs", "none")
@@ -117,6 +119,14 @@ def _event_log_size(value) -> int:
     size = _size(zero_ok=False)(value)
     if size < MIN_EVENT_LOG_SIZE:
         raise BadValue(f"expected at least 64K ({MIN_EVENT_LOG_SIZE} bytes)")
+    return size
+
+
+def _metadata_max_bytes(value) -> int:
+    size = _size(zero_ok=True)(value)
+    if size > usermeta.MAX_BYTES_LIMIT:
+        raise BadValue(f"expected at most 896K ({usermeta.MAX_BYTES_LIMIT} bytes): a request "
+                       "is at most 1 MiB, and one must carry an allocation's metadata whole")
     return size
 
 
@@ -261,6 +271,13 @@ KEYS: tuple[Key, ...] = (
         "allocations found lost at start (a reboot, a GPU reset) are restored from the "
         "newest snapshot in snapshot_dir, in the background, each served once it is whole",
         _bool),
+    Key("metadata_max_bytes", "size", "512K",
+        "user metadata one allocation or directory may hold (`gpumemctl meta`, user.* "
+        "attributes on the mount): the sum of its keys' and values' bytes, at most 896K",
+        _metadata_max_bytes),
+    Key("metadata_user_max_bytes", "size", "64M",
+        "user metadata all of one uid's allocations and directories may hold together; root "
+        "and the daemon's own uid are not limited by it", _size(zero_ok=True)),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -293,6 +310,8 @@ class Config:
     snapshot_dir: str | None = None
     snapshot_on_stop: bool | None = None
     restore_on_start: bool | None = None
+    metadata_max_bytes: int | None = None
+    metadata_user_max_bytes: int | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -403,6 +422,11 @@ def apply(args, config: Config) -> None:
     args.max_names_per_uid = config.max_names_per_uid or DEFAULT_MAX_NAMES_PER_UID
     args.max_handles_per_uid = config.max_handles_per_uid or DEFAULT_MAX_HANDLES_PER_UID
     args.fd_store_max = config.fd_store_max or DEFAULT_FD_STORE_MAX
+    args.metadata_max_bytes = (usermeta.DEFAULT_MAX_BYTES if config.metadata_max_bytes is None
+                               else config.metadata_max_bytes)
+    args.metadata_user_max_bytes = (usermeta.DEFAULT_USER_MAX_BYTES
+                                    if config.metadata_user_max_bytes is None
+                                    else config.metadata_user_max_bytes)
     args.snapshot_dir = config.snapshot_dir
     args.snapshot_on_stop = bool(config.snapshot_on_stop)
     args.restore_on_start = bool(config.restore_on_start)

@@ -10,6 +10,7 @@ import os
 
 from .ecc.layout import BLOCK
 from .nodes import Allocation, Directory, Node, Special, Symlink
+from .usermeta import shown
 
 # How each special file type is named in `type` (the registry's kind is shorter).
 SPECIAL_TYPE_NAMES = {"fifo": "fifo", "chr": "char-device", "blk": "block-device",
@@ -34,9 +35,12 @@ def damaged_ranges(alloc: Allocation) -> list[list[int]]:
 
 
 def describe(node: Node, *, holders: bool = False, path: str | None = None,
-             name: str | None = None) -> dict:
+             name: str | None = None, metadata: bool | None = None) -> dict:
     """`path`, `name`: the entry the node was reached by, where it has several (hard
-    links); its first name otherwise. `holders` (info): the holders, and every name."""
+    links); its first name otherwise. `holders` (info): the holders, and every name.
+    `metadata` (info): True adds the user metadata, {key: value}; False adds null in its
+    place (the caller may not read the node, so neither its metadata); None leaves it out
+    (listings)."""
     common = {
         "id": node.id, "path": node.path if path is None else path,
         "name": node.name if name is None else name, "uid": node.uid,
@@ -46,6 +50,8 @@ def describe(node: Node, *, holders: bool = False, path: str | None = None,
     }
     if holders and not isinstance(node, Directory):
         common["names"] = node.paths
+    if metadata is not None:
+        common["metadata"] = shown(node.metadata) if metadata else None
     if isinstance(node, Directory):
         return {"type": "directory", **common, "entries": len(node.children)}
     if isinstance(node, Symlink):       # `mode` is always 0777, as Linux shows a link's

@@ -53,7 +53,11 @@ SCHEMA: dict[str, dict[str, str]] = {
     "keeper": {"action": "str", "redeposited": "int", "withdrawn": "int"},
     "mkdir": {"mode": "str"},
     "create": {"size": "int", "capacity": "int", "device": "str", "durable": "bool",
-               "lease": "bool", "state": "str"},
+               "lease": "bool", "state": "str", "metadata_keys": "int"},
+    # User metadata (issue 17): a key set or removed (`action` set or rm; `bytes`: the
+    # value's size), or all of it replaced by a restore (`action` replace, `keys`). Never
+    # a value: those are the user's data.
+    "meta": {"action": "str", "key": "str", "bytes": "int", "keys": "int"},
     # `name`, `links_left`: one name of a hard-linked node went, others keep it (its
     # memory stays); `path` is then the node's first name left.
     "remove": {"force": "bool", "replaced_by": "str", "name": "str", "links_left": "int"},

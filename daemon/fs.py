@@ -30,6 +30,9 @@ Choices a user can observe (docs/mount.md says more):
   only (daemon/nodes.Special). The kernel gives FIFOs and sockets their behaviour without
   asking us; the mount is nodev, so a device node never opens its device (EACCES).
 - rename honours RENAME_NOREPLACE and RENAME_EXCHANGE.
+- Extended attributes: `user.gpu.*` are gpumemd's own (daemon/xattrs.py); every other
+  `user.KEY` of an allocation or directory is its user metadata (daemon/usermeta.py), the
+  same that `gpumemctl meta` serves.
 - An unlinked file keeps its memory while it is open; the memory goes with its last close.
 - open(2) with O_TRUNC truncates (libfuse 3 negotiates atomic O_TRUNC, so the flag arrives
   in the open, not as a setattr), as does a create that finds the name taken meanwhile.
@@ -290,8 +293,13 @@ class Operations(pyfuse3.Operations):
         return node
 
     @staticmethod
-    def _meta_text(node: Node) -> bytes:
-        return (json.dumps(describe(node, holders=True), indent=2) + "\n").encode()
+    def _meta_text(node: Node, cred: Credentials | None = None) -> bytes:
+        """What `gpumemctl info --json` prints for `cred`: the user metadata when it may
+        read the node, null when not. Without `cred` (the size in a stat, which is only
+        a guess: the file is read with direct I/O) it is left out."""
+        metadata = None if cred is None else allowed(node, cred, R)
+        return (json.dumps(describe(node, holders=True, metadata=metadata), indent=2)
+                + "\n").encode()
 
     def _meta_attrs(self, node: Node) -> pyfuse3.EntryAttributes:
         a = self._attrs(node)
@@ -546,7 +554,8 @@ class Operations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EROFS)
             node = self._meta_node(inode)
             # Direct I/O: the text is made per open, and st_size is that of another one.
-            return pyfuse3.FileInfo(fh=self._add_fh(MetaHandle(self._meta_text(node))),
+            text = self._meta_text(node, credentials(ctx))
+            return pyfuse3.FileInfo(fh=self._add_fh(MetaHandle(text)),
                                     direct_io=True, keep_cache=False)
         alloc = self._alloc(inode)
         return self._alloc_info(self._open_file(alloc, credentials(ctx), flags), alloc,
@@ -591,6 +600,10 @@ class Operations(pyfuse3.Operations):
         if handle.keeps_setid() if handle is not None else has_fsetid(cred):
             return
         self.m.setattr(node.id, cred, mode=mode, authorised=True)
+        # The kernel did not make this change, so it still caches the old mode, and a
+        # statx(STATX_MODE) alone (`stat -c %a`) would show it for ENTRY_TIMEOUT. Dropping
+        # attributes takes no lock the kernel could hold on this write (as _note_read).
+        fs_cache.invalidate([(node.id, None)])
 
     @handler
     def read(self, fh, off, size):
@@ -699,14 +712,25 @@ class Operations(pyfuse3.Operations):
     # =====================================================================================
     # extended attributes (daemon/xattrs.py has the table)
     # =====================================================================================
+    # Two kinds of names: ours, user.gpu.* (xattrs.NAMES), and user.KEY for every other key,
+    # the node's user metadata (daemon/usermeta.py). The kernel has checked the permission
+    # of a user.* name before it asks (default_permissions: read to get, write to set or
+    # remove, the owner for a sticky directory; EPERM for a set on anything but a file or a
+    # directory), so the manager is told so. XATTR_CREATE and XATTR_REPLACE reach us as a
+    # getxattr before the setxattr (pyfuse3 does that, in one task: nothing runs between).
     @handler
     def getxattr(self, inode, name, ctx):
-        if not name.startswith(XATTR_PREFIX):
+        if not name.startswith(xattrs.USER_PREFIX):
             # The kernel asks for security.capability before every write through the page
             # cache (file_remove_privs): answered without looking anything up.
             raise pyfuse3.FUSEError(errno.ENODATA)
-        short = xattrs.short_name(name)
         node = None if self._is_meta(inode) else self._node(inode)
+        if not name.startswith(XATTR_PREFIX):
+            if not isinstance(node, (Allocation, Directory)):
+                raise pyfuse3.FUSEError(errno.ENODATA)
+            return self.m.metadata_value(node, xattrs.metadata_key(name), credentials(ctx),
+                                         authorised=True)
+        short = xattrs.short_name(name)
         if not isinstance(node, Allocation) or short not in xattrs.NAMES:
             raise pyfuse3.FUSEError(errno.ENODATA)
         return xattrs.value_of(node, short).encode()
@@ -714,14 +738,21 @@ class Operations(pyfuse3.Operations):
     @handler
     def listxattr(self, inode, ctx):
         node = None if self._is_meta(inode) else self._node(inode)
-        if not isinstance(node, Allocation):
-            return []
-        return [(xattrs.PREFIX + n).encode() for n in xattrs.NAMES]
+        ours = [(xattrs.PREFIX + n).encode() for n in xattrs.NAMES] \
+            if isinstance(node, Allocation) else []
+        if not isinstance(node, (Allocation, Directory)):
+            return ours
+        return ours + [xattrs.USER_PREFIX + key for key in sorted(node.metadata)]
 
     @handler
     def setxattr(self, inode, name, value, ctx):
-        short = xattrs.short_name(name)
         node = None if self._is_meta(inode) else self._node(inode)
+        if name.startswith(xattrs.USER_PREFIX) and not name.startswith(XATTR_PREFIX) and \
+                isinstance(node, (Allocation, Directory)):
+            self.m.set_metadata(node, xattrs.metadata_key(name), value, credentials(ctx),
+                                authorised=True)
+            return
+        short = xattrs.short_name(name)
         if not isinstance(node, Allocation) or short not in xattrs.NAMES:
             raise pyfuse3.FUSEError(errno.ENOTSUP)
         cred = credentials(ctx)
@@ -740,8 +771,13 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def removexattr(self, inode, name, ctx):
-        short = xattrs.short_name(name)
         node = None if self._is_meta(inode) else self._node(inode)
+        if name.startswith(xattrs.USER_PREFIX) and not name.startswith(XATTR_PREFIX) and \
+                isinstance(node, (Allocation, Directory)):
+            self.m.remove_metadata(node, xattrs.metadata_key(name), credentials(ctx),
+                                   authorised=True)
+            return
+        short = xattrs.short_name(name)
         if not isinstance(node, Allocation) or short not in xattrs.NAMES:
             raise pyfuse3.FUSEError(errno.ENODATA)
         if short != "durable":

@@ -86,7 +86,9 @@ class HandleVerbs:
                                                   "attach")
         if mode == "rw":
             self.integrity.unseal(alloc)
-        return holder, fd, describe(alloc, holders=True)
+        # With its metadata: a tensor index read here is the one of the memory attached
+        # (gpumemctl.tensors), whatever changes after. Attaching needs read permission.
+        return holder, fd, describe(alloc, holders=True, metadata=True)
 
     def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,
                          kinds: dict, what: str):

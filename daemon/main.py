@@ -424,7 +424,9 @@ def _main(args) -> int:
                                 max_names_per_uid=args.max_names_per_uid,
                                 max_handles_per_uid=args.max_handles_per_uid,
                                 fds_to_readers=args.cuda_fds_to_readers,
-                                mountpoint=mount_path)
+                                mountpoint=mount_path,
+                                metadata_max_bytes=args.metadata_max_bytes,
+                                metadata_user_max_bytes=args.metadata_user_max_bytes)
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
     try:

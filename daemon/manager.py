@@ -24,13 +24,16 @@ from gpumemctl.protocol import (
     Exists,
     InvalidState,
     NoMemory,
+    NotFound,
     PermissionDenied,
     UsageError,
+    name_from_bytes,
     round_up,
     split_path,
 )
 from gpumemctl.protocol.defaults import DIR_MODE, FILE_MODE
 
+from . import usermeta
 from .backends import Backend
 from .custody import Custody, Deposit, Prepared
 from .describe import describe
@@ -61,7 +64,9 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
                  fault_injection: bool = False, default_ecc: str = "rs",
                  quotas: dict[int, int] | None = None, default_quota: int | None = None,
                  max_names_per_uid: int | None = None, max_handles_per_uid: int | None = None,
-                 fds_to_readers: bool = False, mountpoint: str | None = None):
+                 fds_to_readers: bool = False, mountpoint: str | None = None,
+                 metadata_max_bytes: int = usermeta.DEFAULT_MAX_BYTES,
+                 metadata_user_max_bytes: int = usermeta.DEFAULT_USER_MAX_BYTES):
         """`fault_injection`: gpumemd --enable-fault-injection (debug_corrupt); `default_ecc`:
         the ECC of creates that name none (config `ecc`); `quotas`: uid -> the capacity in
         bytes that uid's allocations may hold (config [quotas]); `default_quota`: the
@@ -69,7 +74,8 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         `max_names_per_uid`, `max_handles_per_uid`: the same config keys (None: no limit);
         `fds_to_readers`: config cuda_fds_to_readers (HandleVerbs.require_fd_for_reader);
         `mountpoint`: where the namespace is mounted, if it is (absolute link targets under
-        it are followed by the socket API: daemon/links.py)."""
+        it are followed by the socket API: daemon/links.py); `metadata_max_bytes`,
+        `metadata_user_max_bytes`: the bounds of user metadata (daemon/usermeta.py)."""
         if default_ecc not in ECC_MODES:
             raise ValueError(f"invalid default ecc {default_ecc!r}: expected one of "
                              f"{', '.join(ECC_MODES)}")
@@ -85,6 +91,9 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         self.holders.max_per_uid = max_handles_per_uid
         self.quotas = Quotas(self.ns.allocations, quotas, kept=self._kept_open,
                              default=default_quota, exempt=administrative_uid)
+        self.meta_bounds = usermeta.Bounds(metadata_max_bytes, metadata_user_max_bytes,
+                                           used=self.ns.metadata_used,
+                                           exempt=administrative_uid)
         self.fault_injection = fault_injection
         self.fds_to_readers = fds_to_readers
         self.default_ecc = default_ecc
@@ -136,17 +145,20 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
                mode: int = FILE_MODE, device: str | None = None,
                ecc: str | None = None, exist_ok: bool = False,
                session: Session | None = None, lease: bool = False,
-               prepared: Prepared | None = None) -> dict:
+               prepared: Prepared | None = None, metadata: dict | None = None) -> dict:
         """Allocate. Missing parent directories are created (mode 0755), like `mkdir -p`.
         `ecc` None: the daemon's default. Order: allocate, deposit (durable), commit; a
         failure anywhere frees what was allocated. `prepared`: prepare_create's
-        allocation, whose memory the keeper already holds."""
-        plan = self._plan_create(path, cred, size, durable, mode, device, ecc, lease, session)
+        allocation, whose memory the keeper already holds. `metadata`: {key: value} of
+        user metadata the new allocation gets in the same transaction (an existing one,
+        with `exist_ok`, keeps its own)."""
+        plan = self._plan_create(path, cred, size, durable, mode, device, ecc, lease, session,
+                                 metadata)
         if isinstance(plan, Node):      # the name exists
             if prepared is not None:
                 self.custody.abandon(prepared)
             return self._create_existing(plan, cred, size, durable, exist_ok)
-        parent, missing, name, dev, capacity, ecc = plan
+        parent, missing, name, dev, capacity, ecc, entries = plan
         buf = prepared.alloc.buffer if prepared is not None else \
             self.custody.allocate(dev, size, capacity, ecc, label=path)
         alloc = None
@@ -160,12 +172,15 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
                     device=dev.uuid, durable=durable, state="ready", ecc=ecc, buffer=buf,
                     leased=lease, node_id=prepared.alloc.id if prepared else None,
                     parity=prepared.alloc.parity if prepared else None)
+                if entries:
+                    self.ns.replace_metadata(alloc, entries)
                 if prepared is None:
                     self.integrity.protect_new(alloc)
                     if durable:
                         self.custody.deposit(alloc)
                 self.journal.event("create", alloc, cred, size=size, capacity=capacity,
-                                   device=dev.uuid, durable=durable, lease=lease)
+                                   device=dev.uuid, durable=durable, lease=lease,
+                                   **({"metadata_keys": len(entries)} if entries else {}))
         except BaseException:     # the undo log took back the tree and any deposit
             if prepared is not None:
                 self.custody.withdraw_quietly(prepared.alloc.id)
@@ -185,10 +200,11 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         worker thread; step three is create(prepared=it), which checks again. None: the
         name exists (create() answers that)."""
         plan = self._plan_create(path, cred, request["size"], True, request["mode"],
-                                 request["device"], request["ecc"], False, None)
+                                 request["device"], request["ecc"], False, None,
+                                 request.get("metadata"))
         if isinstance(plan, Node):
             return None
-        _parent, missing, name, dev, capacity, ecc = plan
+        _parent, missing, name, dev, capacity, ecc, _entries = plan
         return self.custody.prepare(self.ns.reserve_ids(len(missing) + 1), name, cred,
                                     request["mode"], request["size"], dev, capacity, ecc,
                                     label=path)
@@ -198,9 +214,9 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
 
     def _plan_create(self, path: str, cred: Credentials, size: int, durable: bool, mode: int,
                      device: str | None, ecc: str | None, lease: bool,
-                     session: Session | None):
+                     session: Session | None, metadata: dict | None = None):
         """create()'s checks: the existing node, or (parent, missing dirs, name, device,
-        capacity, ecc) of a new allocation that may be made."""
+        capacity, ecc, metadata entries) of a new allocation that may be made."""
         check_mode(mode)
         ecc = self.default_ecc if ecc is None else ecc
         if ecc not in ECC_MODES:
@@ -210,6 +226,7 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         if lease and (durable or session is None):
             raise UsageError("a durable allocation cannot have a session lease" if durable
                              else "a lease needs a session")
+        entries = usermeta.entries(metadata) if metadata is not None else {}
         parts = split_path(path)
         parent, missing = self.ns.parent_for_new(parts, cred, parents=True)
         existing = parent.children.get(parts[-1]) if not missing else None
@@ -220,7 +237,9 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         capacity = round_up(size, dev.granularity)
         self.custody.require_could_fit(dev, size, ecc)
         self.quotas.check(cred.uid, capacity)
-        return parent, missing, parts[-1], dev, capacity, ecc
+        if entries:
+            self.meta_bounds.check("/".join(parts), cred.uid, 0, usermeta.size_of(entries))
+        return parent, missing, parts[-1], dev, capacity, ecc, entries
 
     def _create_existing(self, existing: Node, cred: Credentials, size: int, durable: bool,
                          exist_ok: bool) -> dict:
@@ -339,6 +358,116 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         elif alloc.buffer is not None:
             self.custody.withdraw_quietly(alloc.id)
         return describe(alloc, holders=True)
+
+    # ---- user metadata (daemon/usermeta.py) -------------------------------------------
+    # By path for the socket (`meta_*`: links followed, as `info` does; read permission to
+    # get or list, write permission to set or remove, search permission on the way), and
+    # by node for the mount's user.KEY attributes, whose permissions the kernel has
+    # checked (`authorised`: default_permissions, and Linux's rules for user.* names).
+    def _metadata_node(self, path: str, cred: Credentials) -> Node:
+        node = self.ns.lookup(path, cred, allow_root=True)
+        if not isinstance(node, (Allocation, Directory)):
+            raise UsageError(f"'{node.path}' is a {describe(node)['type']}: {usermeta.ONLY_ON}",
+                             details={"errno": "EPERM"})
+        return node
+
+    def meta_list(self, path: str, cred: Credentials) -> dict:
+        node = self._metadata_node(path, cred)
+        require(node, cred, R, "read the metadata of")
+        return {"path": node.path, "metadata": usermeta.shown(node.metadata)}
+
+    def meta_get(self, path: str, key: str, cred: Credentials) -> dict:
+        raw = usermeta.key_bytes(key)
+        node = self._metadata_node(path, cred)
+        value = self.metadata_value(node, raw, cred)
+        return {"path": node.path, "key": name_from_bytes(raw),
+                "value": name_from_bytes(value)}
+
+    def meta_set(self, path: str, key: str, value: str, cred: Credentials, *,
+                 create: bool = False, replace: bool = False) -> dict:
+        raw, data = usermeta.key_bytes(key), usermeta.value_bytes(value, key)
+        node = self._metadata_node(path, cred)
+        self.set_metadata(node, raw, data, cred, create=create, replace=replace)
+        return {"path": node.path, "key": name_from_bytes(raw), "bytes": len(data)}
+
+    def meta_rm(self, path: str, key: str, cred: Credentials) -> dict:
+        raw = usermeta.key_bytes(key)
+        node = self._metadata_node(path, cred)
+        self.remove_metadata(node, raw, cred)
+        return {"path": node.path, "key": name_from_bytes(raw)}
+
+    def metadata_value(self, node: Node, key: bytes, cred: Credentials, *,
+                       authorised: bool = False) -> bytes:
+        """One value (getxattr(2) of user.KEY); NotFound (ENODATA) when there is none."""
+        if not authorised:
+            require(node, cred, R, "read the metadata of")
+        value = node.metadata.get(key)
+        if value is None:
+            raise NotFound(f"no metadata key '{name_from_bytes(key)}' on '{node.path or '/'}'",
+                           details={"errno": "ENODATA"})
+        return value
+
+    def set_metadata(self, node: Node, key: bytes, value: bytes, cred: Credentials, *,
+                     create: bool = False, replace: bool = False,
+                     authorised: bool = False) -> None:
+        """Set one key (setxattr(2) of user.KEY; `create`, `replace`: XATTR_CREATE and
+        XATTR_REPLACE). The bounds are checked first; one transaction, its event `meta`
+        names the key, never the value."""
+        if create and replace:
+            raise UsageError("create and replace exclude each other: a key cannot both be "
+                             "absent and present")
+        self._require_metadata_write(node, cred, authorised)
+        old = node.metadata.get(key)
+        shown = name_from_bytes(key)
+        if create and old is not None:
+            raise Exists(f"metadata key '{shown}' exists on '{node.path or '/'}'",
+                         details={"errno": "EEXIST"})
+        if replace and old is None:
+            raise NotFound(f"no metadata key '{shown}' on '{node.path or '/'}'",
+                           details={"errno": "ENODATA"})
+        after = node.metadata_bytes + len(key) + len(value) - \
+            (len(key) + len(old) if old is not None else 0)
+        self.meta_bounds.check(node.path or "/", node.uid, node.metadata_bytes, after)
+        with self.journal.change(**self._metadata_commit(node)):
+            self.ns.set_metadata(node, key, value)
+            self.journal.event("meta", node, cred, action="set", key=shown, bytes=len(value))
+
+    def remove_metadata(self, node: Node, key: bytes, cred: Credentials, *,
+                        authorised: bool = False) -> None:
+        """removexattr(2) of user.KEY; NotFound (ENODATA) when there is none."""
+        self._require_metadata_write(node, cred, authorised)
+        if key not in node.metadata:
+            raise NotFound(f"no metadata key '{name_from_bytes(key)}' on '{node.path or '/'}'",
+                           details={"errno": "ENODATA"})
+        with self.journal.change(**self._metadata_commit(node)):
+            self.ns.set_metadata(node, key, None)
+            self.journal.event("meta", node, cred, action="rm", key=name_from_bytes(key))
+
+    def _require_metadata_write(self, node: Node, cred: Credentials, authorised: bool) -> None:
+        if not isinstance(node, (Allocation, Directory)):
+            raise UsageError(f"'{node.path}' is a {describe(node)['type']}: {usermeta.ONLY_ON}",
+                             details={"errno": "EPERM"})
+        if self.ns.node_or_none(node.id) is not node:
+            raise NotFound(f"'{node.path}' was removed: its metadata cannot change",
+                           details={"errno": "ENOENT"})
+        if authorised:
+            return
+        require(node, cred, W, "change the metadata of")
+        # Linux's rule for user.* attributes: in a sticky directory (such as the root, 1777)
+        # only its owner (or root) may write them, as only they may remove others' entries.
+        if isinstance(node, Directory) and node.mode & 0o1000 and \
+                not (cred.is_root or cred.uid == node.uid):
+            raise PermissionDenied(f"permission denied: '{node.path or '/'}' is sticky; only "
+                                   f"its owner (uid {node.uid}) may change its metadata",
+                                   details={"errno": "EPERM"})
+
+    @staticmethod
+    def _metadata_commit(node: Node) -> dict:
+        """The journal change of a metadata change: fsynced for a durable allocation, as
+        its other attributes are; batched for a transient one (gone after any restart);
+        committed for a directory, as mkdir is."""
+        durable = isinstance(node, Allocation) and node.durable
+        return {"durable": durable, "batch": isinstance(node, Allocation) and not durable}
 
     # ---- the mount's verbs, by node id (daemon/fs.py) -----------------------------------
     # Errors that need an errno other than their class's (daemon/errno_map.py) carry its

@@ -123,6 +123,18 @@ class Namespace:
         if self.root is None or self.root.id != ROOT_ID:
             raise InternalError("registry has no root directory")
         self._load_hard_links()
+        self._load_metadata()
+
+    def _load_metadata(self) -> None:
+        """Each node's user metadata, and each uid's total of it (NodeTable). A row of a
+        node the tree lacks cannot be (ON DELETE CASCADE); `check` would name one."""
+        for node_id, key, value in self.registry.load_metadata():
+            node = self.nodes.get(node_id)
+            if node is None:
+                continue
+            node.metadata[key] = value
+            node.metadata_bytes += len(key) + len(value)
+            self.nodes.metadata_changed(node, len(key) + len(value))
 
     def _load_hard_links(self) -> None:
         for row in self.registry.load_links():
@@ -357,6 +369,57 @@ class Namespace:
         """Hard links made (+) or gone (-): the owner's names (max_names_per_uid)."""
         self.nodes.names_changed(node, delta)
         self.journal.on_rollback(lambda: self.nodes.names_changed(node, -delta))
+
+    # ---- user metadata (daemon/usermeta.py has the rules and bounds) ---------------------
+    def set_metadata(self, node: Node, key: bytes, value: bytes | None) -> None:
+        """One key of the node's metadata set to `value`, or removed (None): in memory, in
+        its row and in the owner's total, inside the caller's change (undone with it). The
+        node's change time moves, as setxattr(2)'s does."""
+        old = node.metadata.get(key)
+        if value is None:
+            if old is None:
+                return
+            self.registry.delete_metadata(node.id, key)
+            del node.metadata[key]
+        else:
+            self.registry.set_metadata(node.id, key, value)
+            node.metadata[key] = value
+
+        def undo() -> None:
+            if old is None:
+                node.metadata.pop(key, None)
+            else:
+                node.metadata[key] = old
+        self.journal.on_rollback(undo)
+        size = len(key) + len(value) if value is not None else 0
+        self._metadata_grew(node, size - (len(key) + len(old) if old is not None else 0))
+
+    def replace_metadata(self, node: Node, entries: dict[bytes, bytes]) -> None:
+        """All of the node's metadata becomes `entries` (inside the caller's change): what
+        a create or a restore from a snapshot brings."""
+        if not entries and not node.metadata:
+            return
+        self.journal.keep(node, "metadata")
+        self.registry.delete_metadata(node.id)
+        for key in sorted(entries):
+            self.registry.set_metadata(node.id, key, entries[key])
+        old, node.metadata = node.metadata_bytes, dict(entries)
+        self._metadata_grew(node, sum(len(k) + len(v) for k, v in entries.items()) - old)
+
+    def _metadata_grew(self, node: Node, delta: int) -> None:
+        now = time.time_ns()
+        self.journal.keep(node, "metadata_bytes", "changed_ns")
+        node.metadata_bytes += delta
+        node.changed_ns = now
+        self.registry.update_node(node.id, changed_ns=now)
+        if delta and self.nodes.get(node.id) is node:
+            self.nodes.metadata_changed(node, delta)
+            self.journal.on_rollback(lambda: self.nodes.metadata_changed(node, -delta))
+        self.attrs_changed(node)                # st_ctime
+
+    def metadata_used(self, uid: int) -> int:
+        """The bytes of metadata the nodes `uid` owns hold (metadata_user_max_bytes)."""
+        return self.nodes.metadata.get(uid, 0)
 
     # ---- hard links ---------------------------------------------------------------------
     def add_name(self, node: Node, parent: Directory, name: str, cred: Credentials) -> None:

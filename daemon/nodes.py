@@ -49,6 +49,11 @@ class Node:
     # registry's `links` table. Replaced, never changed in place (Journal.keep restores
     # the old list on a rollback). Directories never have any.
     aliases: list[tuple[Directory, str]] = dataclasses.field(default_factory=list)
+    # User metadata (daemon/usermeta.py): key -> value, both bytes; the registry's
+    # `metadata` rows. Only allocations and directories carry any. `metadata_bytes` is
+    # usermeta.size_of(metadata), kept as it changes (Namespace.set_metadata).
+    metadata: dict[bytes, bytes] = dataclasses.field(default_factory=dict)
+    metadata_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.accessed_ns is None:
@@ -262,11 +267,14 @@ class NodeTable:
     max_names_per_uid bounds (Namespace.insert_node; directories, allocations, symlinks,
     special files and hard links alike), counted as nodes and names come and go rather
     than by a walk. A node enters and leaves with one name; its hard links are counted by
-    names_changed."""
+    names_changed. Likewise the bytes of user metadata each uid's nodes hold (what
+    metadata_user_max_bytes bounds, daemon/usermeta.py): a node brings its own and takes
+    them with it, and metadata_changed counts a change of them."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, Node] = {}
         self.owned: dict[int, int] = {}
+        self.metadata: dict[int, int] = {}        # uid -> bytes of its nodes' metadata
 
     def __getitem__(self, node_id: int) -> Node:
         return self._by_id[node_id]
@@ -275,6 +283,7 @@ class NodeTable:
         self.pop(node_id)
         self._by_id[node_id] = node
         self._count(node.uid, 1)
+        self._count_metadata(node.uid, node.metadata_bytes)
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -286,6 +295,7 @@ class NodeTable:
         node = self._by_id.pop(node_id, None)
         if node is not None:
             self._count(node.uid, -1)
+            self._count_metadata(node.uid, -node.metadata_bytes)
         return node
 
     def values(self):
@@ -297,10 +307,25 @@ class NodeTable:
         names = 1 + len(node.aliases)
         self._count(old_uid, -names)
         self._count(new_uid, names)
+        self._count_metadata(old_uid, -node.metadata_bytes)
+        self._count_metadata(new_uid, node.metadata_bytes)
 
     def names_changed(self, node: Node, delta: int) -> None:
         """A hard link to `node` was made (+1) or removed (-1): a name its owner has."""
         self._count(node.uid, delta)
+
+    def metadata_changed(self, node: Node, delta: int) -> None:
+        """`node`'s metadata grew by `delta` bytes (shrank, when negative)."""
+        self._count_metadata(node.uid, delta)
+
+    def _count_metadata(self, uid: int, delta: int) -> None:
+        if not delta:
+            return
+        left = self.metadata.get(uid, 0) + delta
+        if left:
+            self.metadata[uid] = left
+        else:
+            self.metadata.pop(uid, None)
 
     def _count(self, uid: int, delta: int) -> None:
         left = self.owned.get(uid, 0) + delta

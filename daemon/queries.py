@@ -15,7 +15,7 @@ from .integrity import Integrity
 from .journal import Journal
 from .namespace import Namespace
 from .nodes import WRITER_KINDS, Allocation, Node
-from .permissions import Credentials
+from .permissions import Credentials, R
 from .quotas import Quotas
 from .registry import Registry
 from .sessions import Session
@@ -88,7 +88,10 @@ class Queries:
         return self.ns.lookup_child(parent_id, name, cred)
 
     def info(self, path: str, cred: Credentials) -> dict:
-        return describe(self.ns.lookup(path, cred, allow_root=True), holders=True)
+        """The node with its holders, names and user metadata (the metadata only for a
+        caller who may read the node: null otherwise, as meta_list would refuse it)."""
+        node = self.ns.lookup(path, cred, allow_root=True)
+        return describe(node, holders=True, metadata=self.ns.allowed(node, cred, R))
 
     def listdir(self, path: str, cred: Credentials, *, recursive: bool = False) -> list[dict]:
         return self.ns.listdir(path, cred, recursive=recursive)

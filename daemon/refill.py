@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError, round_up
 
+from . import usermeta
 from .backends import Backend
 from .custody import Custody
 from .describe import describe
@@ -58,23 +59,30 @@ class RefillVerbs:
     set_durable_node: Callable[..., dict]
     _remove_holder: Callable[[Holder], None]
     _refills: dict[int, Refill]
+    meta_bounds: usermeta.Bounds
 
     def begin_refill(self, path: str, cred: Credentials, session: Session, *, size: int,
                      mode: int, ecc: str | None, durable: bool, device: str | None,
-                     force: bool, unsealed: bool):
-        """Returns (holder, fd, info) of a `write` handle on an allocation now `restoring`."""
+                     force: bool, unsealed: bool, metadata: dict | None = None):
+        """Returns (holder, fd, info) of a `write` handle on an allocation now `restoring`.
+        `metadata`: the snapshot's user metadata, which becomes the allocation's (all of
+        it, replacing what an existing one had) as the restore begins; None: keep it."""
         if not isinstance(size, int) or size < 0:
             raise UsageError(f"invalid size {size!r}: expected bytes, 0 or more")
+        entries = usermeta.entries(metadata) if metadata is not None else None
         try:
             alloc = self.ns.lookup_allocation(path, cred)
         except NotFound:
             self.create(path, cred, size=size, durable=False, mode=mode, device=device,
-                        ecc=ecc, session=session)
+                        ecc=ecc, session=session, metadata=metadata)
             alloc = self.ns.lookup_allocation(path, cred)
-            created = True
+            created, entries = True, None
         else:
             created = False
             self._require_refillable(alloc, cred, size, force)
+            if entries is not None:
+                self.meta_bounds.check(alloc.path, alloc.uid, alloc.metadata_bytes,
+                                       usermeta.size_of(entries))
         if alloc.state == "lost":
             self._give_memory(alloc, device)
         elif not created and alloc.kept:
@@ -82,7 +90,7 @@ class RefillVerbs:
             # the keeper's copy while it is half overwritten.
             self.custody.withdraw_quietly(alloc.id)
         self.integrity.changed_all(alloc)
-        self._enter_restoring(alloc, cred)
+        self._enter_restoring(alloc, cred, entries)
         try:
             fd = self.backend.export(alloc.buffer, True)
             holder = self.holders.add(alloc, session, "write")
@@ -132,12 +140,16 @@ class RefillVerbs:
             self.custody.free(alloc)
             raise
 
-    def _enter_restoring(self, alloc: Allocation, cred: Credentials) -> None:
+    def _enter_restoring(self, alloc: Allocation, cred: Credentials,
+                         metadata: dict[bytes, bytes] | None = None) -> None:
         with self.journal.change(durable=alloc.durable):
             self.journal.keep(alloc, "state")
             alloc.state = "restoring"
             self.registry.update_node(alloc.id, state="lost")
             self.journal.event("restore", alloc, cred, action="begin")
+            if metadata is not None and metadata != alloc.metadata:
+                self.ns.replace_metadata(alloc, metadata)
+                self.journal.event("meta", alloc, cred, action="replace", keys=len(metadata))
         self.journal.node_changed(alloc)
 
     def queue_restores(self) -> list[Allocation]:

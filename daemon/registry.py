@@ -39,7 +39,7 @@ from urllib.parse import quote
 
 from gpumemctl.protocol import name_bytes, name_from_bytes
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 ROOT_ID = 1
 GROUP_COMMIT_SECONDS = 0.005
 WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
@@ -145,6 +145,22 @@ _LINKS_SQL = """
 """
 
 
+# User metadata (issue 17): create_tables() makes it, add_user_metadata() adds it to an older
+# registry.
+_METADATA_SQL = """
+    CREATE TABLE IF NOT EXISTS metadata (
+        -- Small key-value pairs a user keeps on an allocation or a directory (`gpumemctl
+        -- meta`, `user.KEY` attributes on the mount; daemon/usermeta.py has the rules and
+        -- the bounds). They belong to the node, so every name of a hard-linked one shares
+        -- them, and they go with the node's row.
+        node  INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,  -- nodes.id
+        key   BLOB NOT NULL,    -- 1-250 bytes, no NUL, not starting 'gpu.'
+        value BLOB NOT NULL,    -- any bytes, none included
+        PRIMARY KEY (node, key)
+    ) WITHOUT ROWID;
+"""
+
+
 def create_tables(db: sqlite3.Connection) -> None:
     """The current schema (version SCHEMA_VERSION), made in one go for a new registry.
     Every column's meaning and sentinels are stated here. An older registry reaches the same
@@ -191,7 +207,7 @@ def create_tables(db: sqlite3.Connection) -> None:
         found_ns INTEGER NOT NULL,      -- when a verify or scrub found it
         PRIMARY KEY (node, block)
     );
-    """)
+    """ + _METADATA_SQL)
 
 
 def execute_script(db: sqlite3.Connection, script: str) -> None:
@@ -303,10 +319,15 @@ def add_snapshot_columns(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE nodes ADD COLUMN {column} {kind}")
 
 
+def add_user_metadata(db: sqlite3.Connection) -> None:
+    """10 -> 11 (issue 17): the `metadata` table of user metadata."""
+    execute_script(db, _METADATA_SQL)
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
               4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names,
               7: add_links_and_special_files, 8: add_hard_links,
-              9: add_snapshot_columns}
+              9: add_snapshot_columns, 10: add_user_metadata}
 
 
 def stored_name(name: str) -> str | bytes:
@@ -553,6 +574,23 @@ class Registry:
     def delete_link(self, parent_id: int, name: str) -> None:
         self.db.execute("DELETE FROM links WHERE parent = ? AND name = ?",
                         (parent_id, stored_name(name)))
+
+    # ---- user metadata (daemon/usermeta.py) -------------------------------------------
+    def load_metadata(self) -> list[tuple[int, bytes, bytes]]:
+        """(node id, key, value) of every row, by node and key."""
+        rows = self.db.execute("SELECT node, key, value FROM metadata ORDER BY node, key")
+        return [(node, bytes(key), bytes(value)) for node, key, value in rows]
+
+    def set_metadata(self, node_id: int, key: bytes, value: bytes) -> None:
+        self.db.execute("INSERT OR REPLACE INTO metadata (node, key, value) VALUES (?, ?, ?)",
+                        (node_id, key, value))
+
+    def delete_metadata(self, node_id: int, key: bytes | None = None) -> None:
+        """One key of the node's metadata, or (None) all of it."""
+        if key is None:
+            self.db.execute("DELETE FROM metadata WHERE node = ?", (node_id,))
+        else:
+            self.db.execute("DELETE FROM metadata WHERE node = ? AND key = ?", (node_id, key))
 
     # ---- ECC damage --------------------------------------------------------------------
     def damage(self) -> dict[int, set[int]]:

@@ -1,4 +1,6 @@
-"""The `user.gpu.*` extended attributes of the mount: names, values, and what each set does.
+"""The extended attributes of the mount: gpumemd's own `user.gpu.*` (names, values, and what
+each set does), and `user.KEY` for every other key, the node's user metadata
+(daemon/usermeta.py: `gpumemctl meta`, the socket's `meta_*` ops).
 
 | name                | get                              | set                                  |
 | ------------------- | -------------------------------- | ------------------------------------ |
@@ -11,23 +13,36 @@
 | user.gpu.ecc        | `rs` or `none`                   | read-only                            |
 | user.gpu.id         | the allocation's id (its inode)  | read-only                            |
 
+`user.KEY` (any KEY not starting `gpu.`) on an allocation or a directory: get, set,
+list and remove as on any Linux filesystem, through the same metadata the socket serves;
+listxattr lists them after ours. The kernel checks the permissions first (read to get,
+write to set or remove, the owner for a sticky directory; EPERM for a set on a symlink or
+special file, ENODATA for a get there).
+
 Errors, as Linux filesystems answer them (docs/mount.md has the full table):
 - a bad value for a writable name: EINVAL;
 - a size larger than any device could ever hold: EFBIG; one that does not fit now: ENOSPC;
 - set of a read-only name: EPERM, unless the value equals the current one (then nothing
   happens, so `cp -a`/`rsync -X` between two places on the mount do not fail);
-- get of a name that is not there, or of any name on a directory: ENODATA;
-- set of any other name: ENOTSUP (no arbitrary attributes are stored);
+- get of a name that is not there (a user.KEY not set), or of a user.gpu.* name on a
+  directory: ENODATA;
+- set of user.KEY: XATTR_CREATE of one that exists EEXIST, XATTR_REPLACE of one that does
+  not ENODATA; past metadata_max_bytes ENOSPC, past the owner's metadata_user_max_bytes
+  EDQUOT; a value over 64 KiB is refused by the kernel (E2BIG), and one set larger through
+  the socket reads as E2BIG (ERANGE with a buffer under its size);
+- set of any other name (another user.gpu.* name, security.*, trusted.*): ENOTSUP;
 - remove of `user.gpu.durable`: the same as setting it to false; of another of our names:
-  EPERM; of any other name: ENODATA.
+  EPERM; of a user.KEY not set, or of any other name: ENODATA.
 """
 from __future__ import annotations
 
-from gpumemctl.protocol import UsageError
+from gpumemctl.protocol import UsageError, name_from_bytes
 from gpumemctl.protocol.sizes import parse_size
 
 from .nodes import Allocation
+from .usermeta import key_bytes
 
+USER_PREFIX = b"user."
 PREFIX = "user.gpu."
 WRITABLE = ("size", "durable")
 READ_ONLY = ("capacity", "device", "state", "refcount", "ecc", "id")
@@ -42,6 +57,11 @@ def short_name(raw: bytes) -> str | None:
     except UnicodeDecodeError:
         return None
     return name[len(PREFIX):] if name.startswith(PREFIX) else None
+
+
+def metadata_key(raw: bytes) -> bytes:
+    """The metadata key of a user.KEY attribute name (checked: EINVAL for `user.` alone)."""
+    return key_bytes(name_from_bytes(raw[len(USER_PREFIX):]))
 
 
 def value_of(alloc: Allocation, short: str) -> str:

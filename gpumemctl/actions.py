@@ -14,7 +14,7 @@ import sys
 import time
 
 from . import output
-from .formats import age, byte_ranges, plain, telemetry_summary
+from .formats import age, byte_ranges, metadata_sizes, plain, telemetry_summary
 from .protocol import GpumemError, UsageError, format_size, parse_size
 from .protocol.defaults import DIR_MODE, FILE_MODE
 from .protocol.errors import OK
@@ -174,6 +174,8 @@ def _info_value(key: str, value) -> str:
         return f"{value} ({format_size(value)})"
     if key == "damaged":
         return byte_ranges(value)
+    if key == "metadata":
+        return metadata_sizes(value)
     return plain(value)
 
 

@@ -125,13 +125,7 @@ class Attachment:
             raise BufferError(f"the memory is on {self.__dlpack_device__()}, not {dl_device}")
         versioned = (self.backend != "cuda" and max_version is not None
                      and max_version[0] >= 1)
-        with self._lock:
-            self._require_attached()
-            self._exports += 1
-        kind, index = self.__dlpack_device__()
-        return dlpack.make_capsule(self.ptr, self.size, kind, index,
-                                   readonly=not self.writable, versioned=versioned,
-                                   on_release=self._export_released)
+        return self._capsule(0, self.size, versioned)
 
     # ---- data convenience (copies) ---------------------------------------------------------
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
@@ -165,13 +159,16 @@ class Attachment:
         (once ECC exists, parity is brought up to date here)."""
         if not self.writable:
             raise UsageError(f"'{self.name}' is attached read-only: nothing to seal")
-        self._require_attached()
+        if self._detached:        # a deferred detach still has the memory, and may seal
+            raise UsageError(f"'{self.name}' has been detached")
         return self._client.call("seal", path=self.name)
 
-    def detach(self) -> None:
+    def detach(self, *, seal: bool = True) -> None:
         """Unmap and release the lock. While DLPack exports are alive this is deferred until
         the last is released; a writer's data is sealed at once all the same (leaving the
-        `with` block means "done writing")."""
+        `with` block means "done writing"), unless `seal` is False: then it stays
+        `unsealed` until the last export goes (gpumemctl.tensors hands the attachment over
+        to its tensors this way)."""
         with self._lock:
             if self._detached or self._pending:
                 return
@@ -180,8 +177,27 @@ class Attachment:
                 self._detached = True
         if not deferred:
             self._finish()
-        elif self.writable:
+        elif self.writable and seal:
             self._client.call("seal", path=self.name)
+
+    def export(self, offset: int, nbytes: int, dtype: tuple[int, int],
+               shape: tuple[int, ...]) -> _Export:
+        """An object with `__dlpack__` for one typed tensor of `shape` at `offset` (DLPack
+        type code and bits in `dtype`), counted like a whole-allocation export."""
+        self._check_range(offset, nbytes)
+        return _Export(self, offset, dtype, shape)
+
+    def _capsule(self, offset: int, nbytes: int, versioned: bool,
+                 dtype: tuple[int, int] = (dlpack.kDLUInt, 8),
+                 shape: tuple[int, ...] | None = None):
+        with self._lock:
+            self._require_attached()
+            self._exports += 1
+        kind, index = self.__dlpack_device__()
+        return dlpack.make_capsule(self.ptr + offset, nbytes, kind, index,
+                                   readonly=not self.writable, versioned=versioned,
+                                   on_release=self._export_released, dtype=dtype,
+                                   shape=shape)
 
     close = detach
 
@@ -221,6 +237,28 @@ class Attachment:
 
     def __exit__(self, *exc) -> None:
         self.detach()
+
+
+class _Export:
+    """One typed tensor of an attachment, for a consumer's from_dlpack (Attachment.export)."""
+
+    def __init__(self, owner: Attachment, offset: int, dtype: tuple[int, int],
+                 shape: tuple[int, ...]):
+        self.owner, self.offset, self.dtype, self.shape = owner, offset, dtype, shape
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.owner.__dlpack_device__()
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if copy:
+            raise BufferError("gpumemctl attachments export in place; copy=True is not "
+                              "supported")
+        nbytes = self.dtype[1] // 8
+        for d in self.shape:
+            nbytes *= d
+        versioned = (self.owner.backend != "cuda" and max_version is not None
+                     and max_version[0] >= 1)
+        return self.owner._capsule(self.offset, nbytes, versioned, self.dtype, self.shape)
 
 
 class _CallableModule(types.ModuleType):

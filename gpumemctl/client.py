@@ -230,13 +230,18 @@ class Client:
 
     def create(self, path: str, size: int | str, *, durable: bool = False, mode: int = FILE_MODE,
                device: str | int | None = None, ecc: str | None = None,
-               exist_ok: bool = False, lease: bool = False) -> dict:
-        """`ecc` None: the daemon's default (its configuration's `ecc`, else "rs")."""
+               exist_ok: bool = False, lease: bool = False,
+               metadata: dict[str, str] | None = None) -> dict:
+        """`ecc` None: the daemon's default (its configuration's `ecc`, else "rs").
+        `metadata`: user metadata {key: value} the new allocation gets in the same step
+        (see meta_set; an existing one, with `exist_ok`, keeps its own)."""
         args = {"path": path, "size": parse_size(size), "durable": durable, "mode": mode,
                 "device": None if device is None else str(device), "exist_ok": exist_ok,
                 "lease": lease}
         if ecc is not None:
             args["ecc"] = ecc
+        if metadata is not None:
+            args["metadata"] = _metadata_arg(metadata)
         return self.call("create", **args)
 
     def mkdir(self, path: str, *, mode: int = DIR_MODE, parents: bool = False) -> dict:
@@ -278,14 +283,19 @@ class Client:
 
     def refill(self, path: str, *, size: int, mode: int = FILE_MODE, ecc: str | None = None,
                durable: bool = False, device: str | None = None, force: bool = False,
-               unsealed: bool = False) -> Handle:
+               unsealed: bool = False, metadata: dict[str, str] | None = None) -> Handle:
         """A handle to fill `path` from a snapshot (gpumemctl/snapshots): the allocation is
         made if missing, refilled in place if `lost` (or, with `force`, if it holds data
         the caller may write), and stays `restoring` until this handle closes with
-        `handle.restored` set ({damaged: [[start, end], ...]}); without it, it ends `lost`."""
-        result, fds = self.call_fds("refill", path=path, size=size, mode=mode, ecc=ecc,
-                                    durable=durable, device=device, force=force,
-                                    unsealed=unsealed)
+        `handle.restored` set ({damaged: [[start, end], ...]}); without it, it ends `lost`.
+        `metadata`: the user metadata it is to have, all of it (None: a new one has none,
+        an existing one keeps its own)."""
+        args: dict = {"path": path, "size": size, "mode": mode, "ecc": ecc,
+                      "durable": durable, "device": device, "force": force,
+                      "unsealed": unsealed}
+        if metadata is not None:
+            args["metadata"] = _metadata_arg(metadata)
+        result, fds = self.call_fds("refill", **args)
         if len(fds) != 1:
             framing.close_fds(fds)
             raise ProtocolError(f"'refill' answered with {len(fds)} fds, expected 1")
@@ -295,6 +305,29 @@ class Client:
         except BaseException:
             self.call("close", handle=result["handle"], written=None)
             raise
+
+    # ---- user metadata (docs/protocol.md, "User metadata") --------------------------------
+    # Keys and values are str; bytes that are not UTF-8 travel with surrogateescape, as
+    # names do (a value given as bytes is spelled so here).
+    def meta(self, path: str) -> dict[str, str]:
+        """All of the user metadata of an allocation or directory: {key: value}."""
+        return self.call("meta_list", path=path)["metadata"]
+
+    def meta_get(self, path: str, key: str) -> str:
+        """One value; NotFound (exit code 4) when the key is not set."""
+        return self.call("meta_get", path=path, key=key)["value"]
+
+    def meta_set(self, path: str, key: str, value: str | bytes, *, create: bool = False,
+                 replace: bool = False) -> dict:
+        """Set one key: {path, key, bytes}. `create`: Exists (5) if it is set already;
+        `replace`: NotFound (4) if it is not. Over metadata_max_bytes: UsageError (2); over
+        the owner's metadata_user_max_bytes: NoMemory (7)."""
+        return self.call("meta_set", path=path, key=key, value=_text(value), create=create,
+                         replace=replace)
+
+    def meta_rm(self, path: str, key: str) -> dict:
+        """Remove one key: {path, key}; NotFound (4) when it is not set."""
+        return self.call("meta_rm", path=path, key=key)
 
     def snapshot_report(self, **report) -> dict:
         """Tell gpumemd what a snapshot or restore did (its events, status, metrics)."""
@@ -503,6 +536,15 @@ class Client:
                       pattern: str = CORRUPT_PATTERN) -> dict:
         return self.call("debug_corrupt", path=path, offset=offset, length=length,
                          parity=parity, pattern=pattern)
+
+
+def _text(value: str | bytes) -> str:
+    """A metadata value as the wire carries it: bytes spelled with surrogateescape."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
+def _metadata_arg(metadata: dict) -> dict:
+    return {key: _text(value) for key, value in metadata.items()}
 
 
 class Subscription:

@@ -20,8 +20,9 @@ from typing import Annotated
 import click
 import typer
 
-from . import actions, formats, output
+from . import actions, formats, output, weights_cli
 from .actions import connect, parse_offset, want_json
+from .meta_cli import meta_app
 from .protocol import GpumemError, InternalError, InvalidState, UsageError, format_size, parse_size
 from .protocol.defaults import CORRUPT_PATTERN, DIR_MODE, EVENTS_LIMIT, FILE_MODE
 from .protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE, USAGE
@@ -212,6 +213,38 @@ def read(name: NameArg,
 @command("status", body=actions.status)
 def status(json_: JsonOpt = False):
     """Daemon, keeper, devices, totals and scrub state."""
+
+
+# ---- model weights (docs/tensors.md) --------------------------------------------------------
+@command("load", body=weights_cli.load)
+def load(src: Annotated[str, typer.Argument(
+             help="A .safetensors file, a sharded model's *.safetensors.index.json, or a "
+                  "directory of .safetensors files.")],
+         name: Annotated[str, typer.Argument(
+             help="The allocation to make (a directory of allocations for a sharded "
+                  "model), e.g. models/llama.", autocompletion=complete_name)],
+         durable: Annotated[bool, typer.Option("--durable", help="Survive daemon restarts.")]
+         = False,
+         device: Annotated[str | None, typer.Option("--device",
+                                                       help="Device index or UUID.")] = None,
+         mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")]
+         = f"{FILE_MODE:04o}",
+         ecc: Annotated[str | None, typer.Option(
+             "--ecc", help="rs or none (default: the daemon's, rs unless configured).")]
+         = None,
+         json_: JsonOpt = False):
+    """Load safetensors weights into NAME: tensor bytes at their offsets, the header kept as
+    NAME's metadata (gpumemctl.tensors.load makes zero-copy tensors of them)."""
+
+
+@command("save", body=weights_cli.save)
+def save(name: Annotated[str, typer.Argument(
+             help="An allocation made by load (or a directory of them).",
+             autocompletion=complete_name)],
+         out: Annotated[str, typer.Argument(
+             help="The .safetensors file to write (a directory for a sharded model).")],
+         json_: JsonOpt = False):
+    """Write NAME back as a safetensors file, byte-identical to its source if unchanged."""
 
 
 # ---- the other commands ---------------------------------------------------------------------
@@ -531,6 +564,7 @@ def scrub_stop(json_: JsonOpt = False):
 
 
 app.add_typer(snapshot_app, name="snapshot")
+app.add_typer(meta_app, name="meta")
 
 
 debug_app = typer.Typer(help="Fault injection for tests and drills (gpumemd "

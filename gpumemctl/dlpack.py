@@ -19,7 +19,15 @@ from collections.abc import Callable
 
 kDLCPU = 1
 kDLCUDA = 2
+kDLInt = 0
 kDLUInt = 1
+kDLFloat = 2
+kDLBfloat = 4
+kDLComplex = 5
+kDLBool = 6
+kDLFloat8 = {"float8_e3m4": 7, "float8_e4m3": 8, "float8_e4m3b11fnuz": 9,
+             "float8_e4m3fn": 10, "float8_e4m3fnuz": 11, "float8_e5m2": 12,
+             "float8_e5m2fnuz": 13, "float8_e8m0fnu": 14}
 FLAG_READ_ONLY = 1 << 0
 
 
@@ -100,16 +108,37 @@ def _capsule_destructor(capsule):
         pass
 
 
+def dtype_code(dtype) -> tuple[int, int]:
+    """DLPack's (type code, bits) of a numpy-style dtype (numpy, ml_dtypes, jax.numpy)."""
+    kind, bits = dtype.kind, dtype.itemsize * 8
+    if dtype.name == "bfloat16":
+        return kDLBfloat, bits
+    if dtype.name.startswith("float8"):
+        return kDLFloat8.get(dtype.name, kDLUInt), bits
+    code = {"b": kDLBool, "u": kDLUInt, "i": kDLInt, "f": kDLFloat, "c": kDLComplex}.get(kind)
+    if code is None:
+        raise ValueError(f"no DLPack type for dtype {dtype}")
+    return code, bits
+
+
 def make_capsule(ptr: int, nbytes: int, device_type: int, device_id: int, *,
                  readonly: bool, versioned: bool,
-                 on_release: Callable[[], None] | None = None):
-    """A capsule for a 1-D uint8 tensor of `nbytes` at `ptr`; `on_release` runs once the
-    consumer (or the unconsumed capsule) lets go of it."""
-    shape = (ctypes.c_int64 * 1)(nbytes)
-    strides = (ctypes.c_int64 * 1)(1)
-    tensor = DLTensor(data=ptr, device=DLDevice(device_type, device_id), ndim=1,
-                      dtype=DLDataType(kDLUInt, 8, 1),
-                      shape=ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64)),
+                 on_release: Callable[[], None] | None = None,
+                 dtype: tuple[int, int] = (kDLUInt, 8),
+                 shape: tuple[int, ...] | None = None):
+    """A capsule for a tensor at `ptr`: by default 1-D uint8 of `nbytes`; else of
+    `dtype` (DLPack's type code and bits) and `shape`, C-contiguous. `on_release` runs once
+    the consumer (or the unconsumed capsule) lets go of it."""
+    dims = (nbytes,) if shape is None else tuple(shape)
+    shape_array = (ctypes.c_int64 * max(len(dims), 1))(*dims)
+    steps, step = [], 1
+    for d in reversed(dims):
+        steps.append(step)
+        step *= max(d, 1)
+    strides = (ctypes.c_int64 * max(len(dims), 1))(*reversed(steps))
+    tensor = DLTensor(data=ptr, device=DLDevice(device_type, device_id), ndim=len(dims),
+                      dtype=DLDataType(dtype[0], dtype[1], 1),
+                      shape=ctypes.cast(shape_array, ctypes.POINTER(ctypes.c_int64)),
                       strides=ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64)),
                       byte_offset=0)
     managed: DLManagedTensorVersioned | DLManagedTensor
@@ -122,7 +151,7 @@ def make_capsule(ptr: int, nbytes: int, device_type: int, device_id: int, *,
         managed = DLManagedTensor(dl_tensor=tensor, manager_ctx=None, deleter=_deleter)
     address = ctypes.addressof(managed)
     with _lock:
-        _live[address] = (managed, shape, strides, on_release)
+        _live[address] = (managed, shape_array, strides, on_release)
     name = _NAME_VERSIONED if versioned else _NAME_LEGACY
     return _api.PyCapsule_New(address, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
 

@@ -66,6 +66,16 @@ def byte_ranges(ranges: list) -> str:
     return ", ".join(f"{start}-{end - 1}" for start, end in ranges) or "none"
 
 
+def metadata_sizes(metadata: dict | None) -> str:
+    """`info`'s user metadata for a person: each key with its value's size in bytes (the
+    values are `gpumemctl meta get`'s to show); `-` when there is none, or when the caller
+    may not read it (null)."""
+    if not metadata:
+        return "-"
+    return ", ".join(f"{key} ({len(value.encode('utf-8', 'surrogateescape'))} B)"
+                     for key, value in metadata.items())
+
+
 def plain(value) -> str:
     """A JSON value for a person: `-` for null, yes/no for booleans, lists comma-joined."""
     if value is None:

@@ -268,6 +268,24 @@ def _return_stager(stager, device: int, chunk: int, keep: bool) -> None:
     stager.close()
 
 
+def warm_up(device: str | int) -> threading.Thread:
+    """Create the device's primary context and a full-size stager on a thread, while the
+    caller does other work (`gpumemctl load` checks its files meanwhile): both cost
+    hundreds of ms the first time in a process. Errors are left for the real use to raise."""
+    def warm() -> None:
+        try:
+            from . import cudadrv
+            index = cudadrv.device_index(device)
+            cudadrv.primary_context(index)
+            _return_stager(_take_stager(cudadrv, index, CUDA_CHUNK), index, CUDA_CHUNK,
+                           keep=True)
+        except Exception:   # noqa: BLE001 - only a head start; the transfer reports errors
+            pass
+    thread = threading.Thread(target=warm, name="gpumemctl-cuda-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
 class CudaMemory:
     """An allocation on a GPU, mapped into this process (see the module docstring)."""
 

@@ -458,6 +458,8 @@ CONF_EXAMPLE = [
     'snapshot_dir = "/srv/gpumemd-snapshots"   # or s3://bucket/prefix (docs/snapshots.md)',
     "snapshot_on_stop = true          # a clean stop snapshots the durable allocations first",
     "restore_on_start = true          # what a reboot lost comes back from the newest one",
+    'metadata_max_bytes = "512K"      # user metadata of one allocation or directory',
+    'metadata_user_max_bytes = "64M"  # user metadata of all of one user\'s, together',
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",
     '1000 = "16G"                     # a uid, written as a key',

@@ -1,6 +1,6 @@
 """The handlers of the namespace and data ops: ls, info, create, mkdir, symlink, readlink,
-rm, durable, open,
-close, attach, detach, seal, export_dmabuf. Each hands its checked arguments to one
+rm, durable, open, close, attach, detach, seal, export_dmabuf, and of user metadata
+(meta_list, meta_get, meta_set, meta_rm). Each hands its checked arguments to one
 manager verb and shapes the answer (docs/protocol.md has the table)."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ async def create(call: Call) -> Reply:
     a, m = call.args, call.manager
     request = dict(size=a["size"], durable=a["durable"], mode=a["mode"], device=a["device"],
                    ecc=a["ecc"], exist_ok=a["exist_ok"], session=call.session,
-                   lease=a["lease"])
+                   lease=a["lease"], metadata=a["metadata"])
     if not a["durable"] or a["lease"]:
         return m.create(a["path"], call.session.cred, **request), []
     # Durable: the deposit goes to the keeper from a worker thread, so that a stalled keeper
@@ -127,8 +127,28 @@ async def refill(call: Call) -> Reply:
     holder, fd, node = call.manager.begin_refill(
         a["path"], call.session.cred, call.session, size=a["size"], mode=a["mode"],
         ecc=a["ecc"], durable=a["durable"], device=a["device"], force=a["force"],
-        unsealed=a["unsealed"])
+        unsealed=a["unsealed"], metadata=a["metadata"])
     return {"handle": holder.id, "info": node, "backend": call.manager.backend_name}, [fd]
+
+
+async def meta_list(call: Call) -> Reply:
+    return call.manager.meta_list(call.args["path"], call.session.cred), []
+
+
+async def meta_get(call: Call) -> Reply:
+    a = call.args
+    return call.manager.meta_get(a["path"], a["key"], call.session.cred), []
+
+
+async def meta_set(call: Call) -> Reply:
+    a = call.args
+    return call.manager.meta_set(a["path"], a["key"], a["value"], call.session.cred,
+                                 create=a["create"], replace=a["replace"]), []
+
+
+async def meta_rm(call: Call) -> Reply:
+    a = call.args
+    return call.manager.meta_rm(a["path"], a["key"], call.session.cred), []
 
 
 async def revoke(call: Call) -> Reply:

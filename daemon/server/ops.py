@@ -86,6 +86,10 @@ def events_limit() -> Arg:
 SINCE_RANGE = (0, 2**63 - 1)
 OPEN = Arg("mode", Kind.STR, OPEN_MODE, what="'r' or 'rw'")
 HANDLE = Arg("handle", Kind.INT)
+# User metadata (issue 17, daemon/usermeta.py): a key, and {key: value} of a new allocation.
+KEY = Arg("key", Kind.STR, what="a metadata key (a string)")
+METADATA = Arg("metadata", Kind.OBJECT, None, what="an object of metadata keys and string "
+                                                   "values")
 
 
 # ---- the table --------------------------------------------------------------------------------
@@ -100,7 +104,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
                   flag("durable"), Arg("mode", Kind.INT, FILE_MODE),
                   Arg("device", Kind.DEVICE, None),
                   # None: the daemon's default (config `ecc`); older clients always send one.
-                  Arg("ecc", Kind.STR, None), flag("exist_ok"), flag("lease")),
+                  Arg("ecc", Kind.STR, None), flag("exist_ok"), flag("lease"), METADATA),
        allocations.create),
     Op("mkdir", (path(), Arg("mode", Kind.INT, DIR_MODE), flag("parents")), allocations.mkdir),
     Op("rm", (path(), flag("recursive"), flag("force")), allocations.rm),
@@ -123,7 +127,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("refill", (path(), Arg("size", Kind.INT, what="a size in bytes (an integer)"),
                   Arg("mode", Kind.INT, FILE_MODE), Arg("ecc", Kind.STR, None),
                   flag("durable"), Arg("device", Kind.DEVICE, None), flag("force"),
-                  flag("unsealed")),
+                  flag("unsealed"), METADATA),
        allocations.refill),
     Op("changes", (HANDLE, flag("reset")), allocations.changes),
     Op("snapshot_report", (Arg("action", Kind.STR, REQUIRED, choices=REPORT_ACTIONS),
@@ -135,6 +139,12 @@ OPS: dict[str, Op] = {op.name: op for op in (
                            flag("incremental"), Arg("io", Kind.STR, ""),
                            Arg("paths", Kind.STR_LIST, None)),
        allocations.snapshot_report),
+    # User metadata (issue 17): small key-value pairs on allocations and directories.
+    Op("meta_list", (path(),), allocations.meta_list),
+    Op("meta_get", (path(), KEY), allocations.meta_get),
+    Op("meta_set", (path(), KEY, Arg("value", Kind.STR, what="the value (a string)"),
+                    flag("create"), flag("replace")), allocations.meta_set),
+    Op("meta_rm", (path(), KEY), allocations.meta_rm),
     Op("attach", (path(), OPEN), allocations.attach),
     Op("revoke", (path(),), allocations.revoke),
     Op("detach", (HANDLE,), allocations.detach),

@@ -273,12 +273,20 @@ def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict 
         "uid": info["uid"], "gid": info["gid"], "durable": bool(info.get("durable")),
         "ecc": info.get("ecc") or "none", "device": info.get("device"),
         "unsealed": bool(info.get("unsealed")), "modified": info.get("modified"),
-        "metadata": info.get("metadata") or {}, "track": token,
+        "metadata": _metadata_of(handle, info), "track": token,
         "blocks": blocks, "extents": _extents(places),
         "written": data.written, "read": sum(min(b * BLOCK, size) - a * BLOCK
                                              for a, b in runs),
         "kvikio": kvikio,
     }
+
+
+def _metadata_of(handle, info: dict) -> dict:
+    """The allocation's user metadata (issue 17), asked for under the read handle: `open`'s
+    answer does not carry it."""
+    if info.get("metadata") is not None:
+        return info["metadata"]
+    return handle.client.meta(info["path"])
 
 
 def _device_to_file(memory, size: int, data: _Writing, blocks: list, places: list,
@@ -634,9 +642,12 @@ def _restore_selection(manifest: dict, names: list[str]) -> list[dict]:
 def _restore_one(client, entry: dict, target: str, device: str | None, force: bool,
                  readers: _Readers, advance: Callable[[int], None]) -> dict:
     places = {b: (key, off) for b, key, off, _n in fmt.extent_blocks(entry)}
+    # The user metadata comes back with the allocation (issue 17; the daemon checks it).
+    metadata = entry.get("metadata")
     handle = client.refill(target, size=entry["size"], mode=entry["mode"], ecc=entry["ecc"],
                            durable=entry["durable"], device=device, force=force,
-                           unsealed=entry.get("unsealed", False))
+                           unsealed=entry.get("unsealed", False),
+                           metadata=metadata if isinstance(metadata, dict) else None)
     bad: list[int] = []
     moved = 0
 

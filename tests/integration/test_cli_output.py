@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import click
+import numpy as np
 import pytest
 
 from tests.harness import ROOT, child_env, script_argv
@@ -118,13 +119,17 @@ HUMAN_RUNS = [
     ("scrub", "status"), ("check",), ("metrics",), ("doctor",), ("events", "-n", "1000"),
     ("mkdir", "extra"), ("create", "extra/x", "--size", "1M"), ("write", "extra/x", "IN"),
     ("read", "extra/x", "OUT"), ("durable", "extra/x"), ("transient", "extra/x"),
-    ("revoke", "extra/x"), ("ln", "-s", "x", "extra/link"), ("ls", "-l", "extra"),
+    ("revoke", "extra/x"), ("meta", "set", "extra/x", "k", "v"), ("meta", "ls", "extra/x"),
+    ("meta", "get", "extra/x", "k"), ("info", "extra/x"), ("meta", "rm", "extra/x", "k"),
+    ("ln", "-s", "x", "extra/link"), ("ls", "-l", "extra"),
     ("info", "extra/link"), ("ln", "x", "extra/hard"),
     ("rm", "-r", "extra"), ("top",), ("status",), ("events", "-n", "5"),
     ("snapshot", "create", "SNAPS", "models/clean"), ("snapshot", "ls", "SNAPS"),
     ("snapshot", "verify", "SNAPS"), ("snapshot", "restore", "SNAPS", "--as", "again"),
     ("info", "again/models/clean"), ("ls", "-l", "again/models"), ("status",), ("metrics",),
     ("snapshot", "rm", "SNAPS", "--keep", "0"),
+    ("load", "WEIGHTS", "weights/tiny"), ("info", "weights/tiny"),
+    ("meta", "ls", "weights/tiny"), ("save", "weights/tiny", "SAVED"),
 ]
 
 
@@ -134,8 +139,11 @@ def test_no_python_none_in_any_commands_human_output(ecc_daemon, command_tree, t
     make(d, "models/fixable")
     make(d, "models/bad")
     (tmp_path / "in.bin").write_bytes(b"hello")
+    from safetensors.numpy import save_file
+    save_file({"w": np.arange(4, dtype=np.float32)}, str(tmp_path / "w.safetensors"))
     files = {"IN": str(tmp_path / "in.bin"), "OUT": str(tmp_path / "out.bin"),
-             "SNAPS": str(tmp_path / "snaps")}
+             "SNAPS": str(tmp_path / "snaps"), "WEIGHTS": str(tmp_path / "w.safetensors"),
+             "SAVED": str(tmp_path / "saved.safetensors")}
     ran: set[tuple[str, ...]] = set()
     for run in HUMAN_RUNS:
         argv = [files.get(word, word) for word in run]

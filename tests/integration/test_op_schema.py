@@ -34,6 +34,8 @@ GOOD_ARGS: dict[str, dict] = {
     "link": {"path": "b", "target": "a"},
     "refill": {"path": "r", "size": 4096}, "changes": {"handle": 1},
     "snapshot_report": {"action": "verify", "result": "ok"},
+    "meta_list": {"path": "a"}, "meta_get": {"path": "a", "key": "k"},
+    "meta_set": {"path": "a", "key": "k", "value": "v"}, "meta_rm": {"path": "a", "key": "k"},
 }
 # A value of the wrong JSON type for each kind of argument.
 WRONG = {Kind.STR: 7, Kind.INT: "7", Kind.BOOL: 1, Kind.OBJECT: [1],

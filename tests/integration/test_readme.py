@@ -42,6 +42,7 @@ RUN = {  # (heading, language) -> the test that runs it
     ("The mount", "sh"): "test_mount_workflow",
     ("ECC, verify and scrub", "sh"): "test_ecc_commands",
     ("Snapshots", "sh"): "test_snapshot_commands",
+    ("Model weights", "sh"): "test_model_weights_commands",
     ("Configuration and metrics", "toml"): "test_config_sample",
     ("On a GPU server", "sh"): "test_gpu_server_commands",
     ("On a GPU server", "python"): "test_gpu_server_commands",
@@ -237,6 +238,23 @@ def test_snapshot_commands(daemon, tmp_path):
     code = readme_block("Snapshots", "sh").replace("/var/tmp/snaps", store)
     run_shell(code, workdir(tmp_path), user_env(daemon, tmp_path))       # every exit 0
     assert daemon.cli("read", "copy/models/llama", check=True).stdout == data
+
+
+def test_model_weights_commands(daemon, tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+    cwd = workdir(tmp_path)
+    source = os.path.join(cwd, "model.safetensors")
+    save_file({"embed": np.arange(64, dtype=np.float32).reshape(8, 8),
+               "head": np.ones(8, dtype=np.float16)}, source)
+    env = user_env(daemon, tmp_path)
+    os.symlink(PYTHON, tmp_path / "bin" / "python3")    # the reader's Python has gpumemctl
+    run = run_shell(readme_block("Model weights", "sh"), cwd, env)
+    assert run.output("gpumemctl meta get") == "alice\n"
+    with open(source, "rb") as a, open(os.path.join(cwd, "copy.safetensors"), "rb") as b:
+        assert a.read() == b.read()
+    assert run.output("python3 -c") == "['embed', 'head']\n"
+    assert daemon.cli_json("info", "models/tiny")["durable"] is True
 
 
 def test_config_sample(daemon_factory, tmp_path):

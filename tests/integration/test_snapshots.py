@@ -259,6 +259,38 @@ def test_hard_linked_allocation_is_snapshotted_once(daemon, request):
         assert c.info("m/b")["links"] == 2 and c.check()["clean"]
 
 
+def test_user_metadata_comes_back_with_a_restore(daemon, request):
+    """An allocation's user metadata (issue 17) is in the manifest and comes back: on a copy
+    made `--as`, over an allocation whose metadata changed since (`--force`: the snapshot's,
+    all of it), and on one refilled in place after a loss (its own, which the registry
+    kept)."""
+    store = make_store(request)
+    meta = {"index": '{"w": [0, 4096]}', "\udcff": "\udcfe\x00", "empty": ""}
+    data = fill(daemon, {"m/a": {"size": MiB + 1, "mode": 0o600}})["m/a"]
+    with daemon.client() as c:
+        for key, value in meta.items():
+            c.meta_set("m/a", key, value)
+    made = daemon.cli_json("snapshot", "create", store)
+    assert manifest_of(store, made["snapshot"])["allocations"][0]["metadata"] == meta
+
+    daemon.cli("snapshot", "restore", store, "--as", "copy", "--quiet", check=True)
+    with daemon.client() as c:
+        assert c.info("copy/m/a")["metadata"] == meta and c.read("copy/m/a") == data
+        c.meta_set("m/a", "index", "changed")
+        c.meta_set("m/a", "added", "since")
+    daemon.cli("snapshot", "restore", store, "m/a", "--force", "--quiet", check=True)
+    with daemon.client() as c:
+        assert c.meta("m/a") == meta
+        assert [e["detail"] for e in c.events(path="m/a") if e["kind"] == "meta"][-1] == \
+            {"action": "replace", "keys": 3}
+
+    lose_memory(daemon)
+    daemon.cli("snapshot", "restore", store, "m/a", "--quiet", check=True)
+    with daemon.client() as c:
+        assert c.meta("m/a") == meta and c.read("m/a") == data
+        assert c.check()["clean"]
+
+
 def test_create_skips_an_allocation_a_writer_holds(daemon, request):
     """`snapshot create` while another client writes one allocation: that one is skipped
     with a warning naming it and the writer, the others are snapshotted, exit 9."""

@@ -72,9 +72,10 @@ def test_read_only_unknown_and_remove(mounted):
     expect_errno(errno.ENODATA, os.getxattr, f, "user.gpu.nothing")
     expect_errno(errno.ENODATA, os.getxattr, f, "user.other")
     expect_errno(errno.ENODATA, os.getxattr, f, "security.capability")
-    expect_errno(errno.ENOTSUP, os.setxattr, f, "user.other", b"1")
     expect_errno(errno.ENOTSUP, os.setxattr, f, "user.gpu.nothing", b"1")
-    expect_errno(errno.ENODATA, os.removexattr, f, "user.other")
+    expect_errno(errno.ENOTSUP, os.setxattr, f, "security.other", b"1")
+    expect_errno(errno.ENODATA, os.removexattr, f, "user.other")   # user metadata, not set
+    # (other user.* names are the node's user metadata: test_user_xattrs.py)
     expect_errno(errno.EPERM, os.removexattr, f, "user.gpu.size")
     os.setxattr(f, "user.gpu.durable", b"true")
     os.removexattr(f, "user.gpu.durable")                 # = transient

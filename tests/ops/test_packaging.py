@@ -91,7 +91,8 @@ def test_the_extras_bring_the_daemon_the_monitor_and_cuda(metadata):
     assert extras["tui"] == {"textual"}
     assert extras["cuda"] == {"cuda-python"}
     assert extras["snapshot"] == {"xxhash", "obstore"}
-    assert extras["all"] == {"gpumemctl[cuda,daemon,snapshot,tui]"}
+    assert extras["weights"] == {"safetensors", "numpy", "ml_dtypes"}
+    assert extras["all"] == {"gpumemctl[cuda,daemon,snapshot,tui,weights]"}
     assert "gpumemctl[all]" in extras["test"]          # CI's suite runs all of it
 
 

@@ -57,7 +57,9 @@ def seen(m) -> dict:
                                                    "mode", "uid", "gid", "state")}
                for e in m.listdir("", ROOT, recursive=True)}
     free = [d.free for d in m.backend.devices()]
-    return {"entries": entries, "free": free, "kept": sorted(m.keeper.keys())}
+    metadata = {path: m.info(path, ROOT)["metadata"] for path in entries}
+    return {"entries": entries, "free": free, "kept": sorted(m.keeper.keys()),
+            "metadata": metadata, "metadata_used": dict(m.ns.nodes.metadata)}
 
 
 # ---- the verbs: (setup, action), each on a fresh world ---------------------------------------
@@ -65,7 +67,8 @@ def _setup(m):
     m.mkdir("d", ROOT)
     m.mkdir("empty", ROOT)
     m.create("d/trans", ROOT, size=2 * MiB)
-    m.create("d/keep", ROOT, size=2 * MiB, durable=True)
+    m.create("d/keep", ROOT, size=2 * MiB, durable=True, metadata={"k": "v", "i": "x" * 9})
+    m.meta_set("d", "dk", "dv", ROOT)
 
 
 def _id(m, path: str) -> int:
@@ -145,6 +148,15 @@ VERBS = {
     "chown": lambda m: m.setattr(_id(m, "d/trans"), ROOT, uid=1000, gid=1000),
     "utimes": lambda m: m.setattr(_id(m, "d/keep"), ROOT, mtime_ns=10**18, atime_ns=10**18),
     "resize transient": lambda m: m.resize(m.lookup("d/trans", ROOT), ROOT, 6 * MiB),
+    # user metadata (issue 17)
+    "meta set": lambda m: m.meta_set("d/keep", "new", "value", ROOT),
+    "meta set over": lambda m: m.meta_set("d/keep", "k", "other", ROOT),
+    "meta rm": lambda m: m.meta_rm("d/keep", "k", ROOT),
+    "meta set on a directory": lambda m: m.meta_set("d", "dk", "other", ROOT),
+    "meta set transient": lambda m: m.meta_set("d/trans", "k", "v", ROOT),
+    "create with metadata": lambda m: m.create("d/new", ROOT, size=MiB, durable=True,
+                                               metadata={"a": "b", "c": "d"}),
+    "chown with metadata": lambda m: m.setattr(_id(m, "d/keep"), ROOT, uid=1000),
     # the mount's verbs, by node id
     "mkdir in the mount": lambda m: m.mkdir_child(_id(m, "d"), "sub", ROOT),
     "create in the mount": lambda m: m.create_pending(_id(m, "d"), "pending", ROOT),

@@ -5,7 +5,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from gpumemctl.formats import byte_ranges, plain
+from gpumemctl.formats import byte_ranges, metadata_sizes, plain
 from gpumemctl.protocol import format_size
 from gpumemctl.protocol.escape import escape
 
@@ -26,6 +26,8 @@ def info_lines(info: dict) -> Text:
             value = f"{format_size(value)} ({value})"
         elif key == "damaged":
             value = byte_ranges(value)          # as `gpumemctl info` shows them
+        elif key == "metadata":
+            value = metadata_sizes(value)       # keys and sizes, as `gpumemctl info`
         style = "bold red" if (key == "state" and value in ("degraded", "lost")) else ""
         text.append(f"{key:<12}", style="bold")
         text.append(f" {escape(plain(value))}\n", style=style)    # no bare None or True
