@@ -56,6 +56,7 @@ _TORCH = {**_NUMPY, "BF16": "bfloat16", "F8_E5M2": "float8_e5m2",
           "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
           "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz"}
 _JAX = {**_NUMPY, **_ML_DTYPES}
+_X64 = ("I64", "U64", "F64")      # jax keeps these only with jax_enable_x64
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,7 @@ def _dtype(mod, names: dict, t: TensorInfo, framework: str, shard: str):
 
 def _jax_views(a, tensors: list[TensorInfo]) -> dict:
     """JAX cannot slice an array in place, so each tensor is its own DLPack export."""
+    import jax
     import jax.numpy as jnp
     from jax import dlpack as jax_dlpack
 
@@ -339,6 +341,11 @@ def _jax_views(a, tensors: list[TensorInfo]) -> dict:
         if dtype is None:
             raise UsageError(f"'{a.name}': tensor {t.name!r} has dtype {t.dtype}, which jax "
                              "cannot hold")
+        if t.dtype in _X64 and not jax.config.jax_enable_x64:
+            # jax would make a 32-bit copy: neither in place nor the same values
+            raise UsageError(f"'{a.name}': tensor {t.name!r} is {t.dtype}, which jax holds "
+                             "only with jax_enable_x64 on (jax.config.update("
+                             "'jax_enable_x64', True))")
         code, bits = dlpack.dtype_code(jnp.dtype(dtype))
         export = a.export(t.start, t.nbytes, (code, bits), t.shape)
         views[t.name] = jax_dlpack.from_dlpack(export)

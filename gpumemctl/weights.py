@@ -160,14 +160,15 @@ def load(c, plan_: Plan, *, durable: bool = False, device: str | None = None,
         _require_absent(c, plan_.name)
     made_dirs = _make_parents(c, plan_.name if plan_.directory else _parent(plan_.name))
     made: list[str] = []
+    phases: list[dict] = []
     began, moved = time.monotonic(), 0
     try:
         if plan_.directory and plan_.index is not None:
             c.meta_set(plan_.name, INDEX_KEY, plan_.index)
             c.meta_set(plan_.name, INDEX_NAME_KEY, plan_.index_name or "")
         for shard in plan_.shards:
-            _fill(c, shard, durable, device, mode, ecc,
-                  _offset_progress(progress, moved, plan_.nbytes))
+            phases.append(_fill(c, shard, durable, device, mode, ecc,
+                                _offset_progress(progress, moved, plan_.nbytes)))
             made.append(shard.name)
             moved += shard.data_len
     except BaseException:
@@ -176,8 +177,10 @@ def load(c, plan_: Plan, *, durable: bool = False, device: str | None = None,
     seconds = time.monotonic() - began
     return {"name": plan_.name, "source": plan_.src, "bytes": moved,
             "tensors": sum(s.tensors for s in plan_.shards), "seconds": round(seconds, 6),
+            "copy_seconds": round(sum(p["copy"] for p in phases), 6),
             "allocations": [{"name": s.name, "source": s.src, "bytes": s.data_len,
-                             "tensors": s.tensors} for s in plan_.shards]}
+                             "tensors": s.tensors, "seconds": p}
+                            for s, p in zip(plan_.shards, phases, strict=True)]}
 
 
 def _offset_progress(progress: Progress | None, base: int,
@@ -190,8 +193,11 @@ def _offset_progress(progress: Progress | None, base: int,
 
 
 def _fill(c, shard: Shard, durable: bool, device: str | None, mode: int,
-          ecc: str | None, advance: Callable[[int], None]) -> None:
-    """Fill one allocation from its file, through a refill handle (module docstring)."""
+          ecc: str | None, advance: Callable[[int], None]) -> dict:
+    """Fill one allocation from its file, through a refill handle (module docstring).
+    Returns the seconds of each phase: `create` (the allocation made and mapped here),
+    `copy` (the file's bytes to the memory), `finish` (parity, the registry, durability)."""
+    began = time.monotonic()
     handle = c.refill(shard.name, size=max(shard.data_len, 1), mode=mode, ecc=ecc,
                       durable=durable, device=device, metadata={HEADER_KEY: shard.header})
     done = 0
@@ -201,6 +207,7 @@ def _fill(c, shard: Shard, durable: bool, device: str | None, mode: int,
         done = n
         advance(n)
 
+    made = time.monotonic()
     try:
         with open(shard.src, "rb") as src:
             src.seek(shard.data_offset)
@@ -212,7 +219,10 @@ def _fill(c, shard: Shard, durable: bool, device: str | None, mode: int,
                              f"tensors read, {shard.data_len} expected)")
         handle.restored = {"damaged": []}
     finally:
+        copied = time.monotonic()
         handle.close()        # without `restored` the daemon removes what it made
+    return {"create": round(made - began, 6), "copy": round(copied - made, 6),
+            "finish": round(time.monotonic() - copied, 6)}
 
 
 def _require_absent(c, name: str) -> None:

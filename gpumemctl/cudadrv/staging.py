@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from .driver import _cu, _driver, context
 
@@ -113,6 +114,41 @@ class Stager:
             finally:
                 self._sync_all()
         return done
+
+    def upload_pieces(self, dptr: int, length: int,
+                      read: Callable[[memoryview, int], list[Future]],
+                      advance: Callable[[int], None] = lambda n: None) -> None:
+        """Copy `length` bytes to dptr, where `read(view, offset)` starts filling `view`
+        with the input's bytes at `offset` (pieces of a regular file on a thread pool) and
+        returns their futures. Unlike upload(), the reads of all buffers but two are in
+        flight at once, so the readers never wait at a buffer's end for its slowest piece,
+        and a buffer's copy has had a whole step to finish before it is waited for."""
+        spans = [(o, min(self.chunk, length - o)) for o in range(0, length, self.chunk)]
+        slots = len(self.buffers)
+        lag = max(slots - 2, 1)
+        reading: dict[int, list[Future]] = {}
+        with context(self.device):
+            try:
+                for k in range(len(spans) + lag):
+                    if k < len(spans):
+                        slot = k % slots
+                        stream_synchronize(self.streams[slot])    # its last copy is done
+                        offset, n = spans[k]
+                        reading[k] = read(self.buffers[slot].view[:n], offset)
+                    j = k - lag
+                    if j >= 0:
+                        for future in reading.pop(j):
+                            future.result()
+                        offset, n = spans[j]
+                        memcpy_htod_async(dptr + offset, self.buffers[j % slots].ptr, n,
+                                          self.streams[j % slots])
+                        advance(offset + n)
+            finally:
+                for futures in reading.values():       # an error: no read may outlive us
+                    for future in futures:
+                        if not future.cancel():
+                            future.exception()
+                self._sync_all()
 
     def download(self, dptr: int, length: int, drain: Callable[[memoryview], None]) -> None:
         """Copy device bytes [dptr, dptr+length) to the host, handing each chunk to

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from gpumemctl.protocol import UsageError
 from tests.harness import PYTHON, ROOT, child_env, usable_gpus, wait_for
 
 pytestmark = pytest.mark.gpu
@@ -61,17 +62,26 @@ def test_torch_and_cupy_dicts_equal_the_librarys_own_load(gpu_daemon, tmp_path):
         assert got[k].device == v.device and got[k].dtype == v.dtype, k
         assert got[k].shape == v.shape and torch.equal(got[k], v), k
     assert holders(d, "m") == ["attach-r"]
+    base = got.attachments[0].ptr
+    assert got["w32"].data_ptr() == base + got.index["w32"].start       # in place, no copy
     del got
     wait_for(lambda: holders(d, "m") == [], what="the attachment to go")
 
     cupy = pytest.importorskip("cupy")
-    got = gpumemctl.tensors.load("m", framework="cupy", socket=d.socket)
-    for k in ("w16", "w32", "ids", "mask", "scale"):      # cupy has no bfloat16
-        assert cupy.asnumpy(got[k]).tobytes() == want[k].cpu().numpy().tobytes(), k
-    del got
-    with pytest.raises(Exception, match=r"BF16"):
+    with pytest.raises(UsageError, match=r"has dtype BF16, which cupy cannot hold"):
         gpumemctl.tensors.load("m", framework="cupy", socket=d.socket)
-    wait_for(lambda: holders(d, "m") == [], what="the attachments to go")
+    plain = {k: v for k, v in model().items() if v.dtype != torch.bfloat16}   # no bf16 in cupy
+    st_torch.save_file(plain, str(tmp_path / "plain.safetensors"))
+    d.cli("load", str(tmp_path / "plain.safetensors"), "plain", check=True, timeout=300)
+    got = gpumemctl.tensors.load("plain", framework="cupy", socket=d.socket)
+    assert sorted(got) == sorted(plain)
+    for k, v in plain.items():
+        assert got[k].shape == tuple(v.shape), k
+        assert cupy.asnumpy(got[k]).tobytes() == v.numpy().tobytes(), k
+    assert got["w32"].data.ptr == got.attachments[0].ptr + got.index["w32"].start  # in place
+    del got
+    wait_for(lambda: holders(d, "m") == [] and holders(d, "plain") == [],
+             what="the attachments to go")
     saved = str(tmp_path / "back.safetensors")
     d.cli("save", "m", saved, check=True, timeout=300)
     assert open(saved, "rb").read() == open(path, "rb").read()

@@ -391,3 +391,24 @@ def test_snapshot_round_trip_on_the_cuda_backend_through_the_staging_buffers(cud
     out = cli(cuda_daemon, "read", "copy/w", timeout=120, check=True).stdout
     want = data[:100 * MiB + 5] + b"new" + data[100 * MiB + 8:]
     assert hashlib.sha256(out).digest() == hashlib.sha256(want).digest()
+
+
+def test_a_large_file_goes_through_the_pipelined_staging_buffers(cuda_daemon, tmp_path):
+    """gpumemctl load and write of a file of 256 MiB or more (gpumemctl/memory.py
+    _write_pipelined: several buffers' reads in flight), at offset 0 and past it."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    data = os.urandom(300 * MiB + 4097)
+    model = str(tmp_path / "m.safetensors")
+    save_file({"w": np.frombuffer(data, np.uint8), "b": np.arange(5, dtype=np.int64)}, model)
+    out = cli_json(cuda_daemon, "load", model, "m")
+    assert out["bytes"] == len(data) + 40 and out["copy_seconds"] > 0
+    cli(cuda_daemon, "save", "m", str(tmp_path / "back.safetensors"), check=True, timeout=120)
+    assert hashlib.sha256((tmp_path / "back.safetensors").read_bytes()).digest() == \
+        hashlib.sha256(open(model, "rb").read()).digest()
+    (tmp_path / "raw.bin").write_bytes(data)
+    cli(cuda_daemon, "create", "w", "--size", str(len(data) + MiB), check=True)
+    cli(cuda_daemon, "write", "w", str(tmp_path / "raw.bin"), "--offset", "1M", check=True,
+        timeout=120)
+    got = cli(cuda_daemon, "read", "w", "--offset", "1M", timeout=120, check=True).stdout
+    assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()

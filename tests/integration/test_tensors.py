@@ -300,3 +300,24 @@ def test_rewritten_metadata_cannot_point_outside_the_allocation(daemon, model_fi
     assert holders(daemon, "m") == []              # nothing left attached after the error
     with pytest.raises(UsageError, match="invalid framework 'tensorflow'"):
         gpumemctl.tensors.load("m", framework="tensorflow", socket=daemon.socket)
+
+
+def test_jax_arrays_in_place_and_64_bit_only_with_x64(daemon, model_file):
+    jax = pytest.importorskip("jax")      # in the test extra: CI has it
+    daemon.cli("load", model_file, "m", check=True)
+    want = load_file(model_file)
+    with pytest.raises(UsageError, match="jax_enable_x64"):
+        gpumemctl.tensors.load("m", framework="jax", socket=daemon.socket)
+    assert holders(daemon, "m") == []
+    jax.config.update("jax_enable_x64", True)
+    try:
+        weights = gpumemctl.tensors.load("m", framework="jax", socket=daemon.socket)
+        for k, v in want.items():
+            assert np.asarray(weights[k]).dtype == v.dtype, k
+            assert np.asarray(weights[k]).tobytes() == v.tobytes(), k
+        assert holders(daemon, "m") == ["attach-r"]
+        del weights, v
+        gc.collect()
+        wait_for(lambda: holders(daemon, "m") == [], what="jax's arrays to let go")
+    finally:
+        jax.config.update("jax_enable_x64", False)
