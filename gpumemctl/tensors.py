@@ -341,7 +341,7 @@ def _jax_views(a, tensors: list[TensorInfo]) -> dict:
         if dtype is None:
             raise UsageError(f"'{a.name}': tensor {t.name!r} has dtype {t.dtype}, which jax "
                              "cannot hold")
-        if t.dtype in _X64 and not jax.config.jax_enable_x64:
+        if t.dtype in _X64 and not jax.config.read("jax_enable_x64"):
             # jax would make a 32-bit copy: neither in place nor the same values
             raise UsageError(f"'{a.name}': tensor {t.name!r} is {t.dtype}, which jax holds "
                              "only with jax_enable_x64 on (jax.config.update("

@@ -12,9 +12,9 @@ allocation per shard, the index's text kept on the directory (`safetensors.index
 The format is checked by the `safetensors` library (every file is opened with it before
 anything is allocated); the index file is plain JSON. Each allocation is filled through a
 `refill` handle, as a snapshot restore fills one: it is `restoring` until its bytes are all
-written, so a load that fails or is killed half-way leaves nothing that looks whole (the
-daemon removes an allocation whose refill did not finish), and this module removes what it
-made for the earlier shards and the directories it created.
+written, and no shard is declared whole before every shard is written: a load that fails
+or is killed half-way leaves no allocation (the daemon removes each whose refill did not
+finish), and this module removes the directories it created.
 """
 from __future__ import annotations
 
@@ -159,7 +159,8 @@ def load(c, plan_: Plan, *, durable: bool = False, device: str | None = None,
     if plan_.directory:
         _require_absent(c, plan_.name)
     made_dirs = _make_parents(c, plan_.name if plan_.directory else _parent(plan_.name))
-    made: list[str] = []
+    made: list[str] = []          # finished: removed again if a later step fails
+    filling: list = []            # (handle, phases) of each shard written, not yet finished
     phases: list[dict] = []
     began, moved = time.monotonic(), 0
     try:
@@ -167,11 +168,20 @@ def load(c, plan_: Plan, *, durable: bool = False, device: str | None = None,
             c.meta_set(plan_.name, INDEX_KEY, plan_.index)
             c.meta_set(plan_.name, INDEX_NAME_KEY, plan_.index_name or "")
         for shard in plan_.shards:
-            phases.append(_fill(c, shard, durable, device, mode, ecc,
-                                _offset_progress(progress, moved, plan_.nbytes)))
-            made.append(shard.name)
+            filling.append(_fill(c, shard, durable, device, mode, ecc,
+                                 _offset_progress(progress, moved, plan_.nbytes)))
+            phases.append(filling[-1][1])
             moved += shard.data_len
+        # Every shard is written before any is finished: until then each is `restoring`,
+        # so a load killed at any point leaves no shard behind (the daemon removes them).
+        while filling:
+            handle, timing = filling[0]
+            timing["finish"] = _finish(handle)
+            filling.pop(0)
+            made.append(handle.info["path"])
     except BaseException:
+        for handle, _ in filling:
+            _abandon(handle)
         _undo(c, made, made_dirs)
         raise
     seconds = time.monotonic() - began
@@ -193,10 +203,10 @@ def _offset_progress(progress: Progress | None, base: int,
 
 
 def _fill(c, shard: Shard, durable: bool, device: str | None, mode: int,
-          ecc: str | None, advance: Callable[[int], None]) -> dict:
-    """Fill one allocation from its file, through a refill handle (module docstring).
-    Returns the seconds of each phase: `create` (the allocation made and mapped here),
-    `copy` (the file's bytes to the memory), `finish` (parity, the registry, durability)."""
+          ecc: str | None, advance: Callable[[int], None]) -> tuple:
+    """Write one allocation from its file through a refill handle (module docstring),
+    left open: (handle, seconds of `create`, the allocation made and mapped here, and
+    `copy`, the file's bytes to the memory)."""
     began = time.monotonic()
     handle = c.refill(shard.name, size=max(shard.data_len, 1), mode=mode, ecc=ecc,
                       durable=durable, device=device, metadata={HEADER_KEY: shard.header})
@@ -217,12 +227,28 @@ def _fill(c, shard: Shard, durable: bool, device: str | None, mode: int,
         if too_long or done != shard.data_len:
             raise UsageError(f"{shard.src}: changed while it was loaded ({done} bytes of "
                              f"tensors read, {shard.data_len} expected)")
-        handle.restored = {"damaged": []}
-    finally:
-        copied = time.monotonic()
-        handle.close()        # without `restored` the daemon removes what it made
-    return {"create": round(made - began, 6), "copy": round(copied - made, 6),
-            "finish": round(time.monotonic() - copied, 6)}
+    except BaseException:
+        _abandon(handle)
+        raise
+    return handle, {"create": round(made - began, 6),
+                    "copy": round(time.monotonic() - made, 6)}
+
+
+def _finish(handle) -> float:
+    """Say the allocation is whole: the daemon computes its parity, commits it `ready` and
+    (durable) hands it to the keeper. Returns the seconds it took."""
+    began = time.monotonic()
+    handle.restored = {"damaged": []}
+    handle.close()
+    return round(time.monotonic() - began, 6)
+
+
+def _abandon(handle) -> None:
+    """Close without `restored`: the daemon removes the allocation it made for us."""
+    try:
+        handle.close()
+    except Exception:   # noqa: BLE001 - cleanup after the error being reported
+        pass
 
 
 def _require_absent(c, name: str) -> None:

@@ -19,8 +19,8 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 import gpumemctl.tensors
-from gpumemctl.protocol import UsageError
-from tests.harness import PYTHON, ROOT, child_env, wait_for
+from gpumemctl.protocol import NotFound, UsageError
+from tests.harness import PYTHON, ROOT, child_env, script_argv, wait_for
 
 
 def mixed_tensors() -> dict[str, np.ndarray]:
@@ -321,3 +321,30 @@ def test_jax_arrays_in_place_and_64_bit_only_with_x64(daemon, model_file):
         wait_for(lambda: holders(daemon, "m") == [], what="jax's arrays to let go")
     finally:
         jax.config.update("jax_enable_x64", False)
+
+
+def test_a_load_killed_half_way_leaves_no_shard(daemon_factory, tmp_path):
+    """kill -9 of `gpumemctl load` while it writes the second shard: every shard is still
+    `restoring` until all are written, so the daemon removes them all with its session."""
+    d = daemon_factory(extra_args=["--host-capacity", "2G"])
+    save_file({"a": np.ones(8 << 20, np.uint8)}, str(tmp_path / "a.safetensors"))
+    save_file({"b": np.ones(768 << 20, np.uint8)}, str(tmp_path / "b.safetensors"))
+    proc = subprocess.Popen(script_argv("gpumemctl") + ["--socket", d.socket, "load",
+                                                         str(tmp_path), "llm"],
+                            env=child_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        with d.client() as c:
+            def second_begun():
+                try:
+                    return c.info("llm/b.safetensors")["state"] == "restoring"
+                except NotFound:
+                    return False
+            wait_for(second_begun, timeout=60, interval=0.002, what="the second shard")
+            assert c.info("llm/a.safetensors")["state"] == "restoring"   # written, unfinished
+    finally:
+        proc.kill()
+        proc.wait()
+    wait_for(lambda: [e["path"] for e in d.cli_json("ls", "-R")] == ["llm"],
+             what="the daemon to remove the shards of the dead load")
+    assert d.cli_json("status")["totals"]["allocations"] == 0
