@@ -9,14 +9,14 @@ permission to set or remove); 7 past the owner's metadata_user_max_bytes.
 """
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Annotated
 
 import typer
 
-from . import actions, output
+from . import output
 from .actions import connect, want_json
+from .subapp import run_body
 
 meta_app = typer.Typer(help="User metadata: small key-value pairs kept on an allocation or "
                             "a directory, also its user.KEY attributes on the mount.",
@@ -36,22 +36,13 @@ KeyArg = Annotated[str, typer.Argument(help="Metadata key: 1 to 250 bytes, no NU
                                             "starting 'gpu.'.")]
 
 
-def _run(func):
-    """Run a command body through actions.invoke: a GpumemError is one stderr line and its
-    exit code, as for every other command."""
-    @functools.wraps(func)
-    def wrapper(**params):
-        raise typer.Exit(actions.invoke(func, params))
-    return wrapper
-
-
 def _raw(text: str) -> bytes:
     """The bytes a key or value stands for (surrogateescape, as names)."""
     return text.encode("utf-8", "surrogateescape")
 
 
 @meta_app.command("ls")
-@_run
+@run_body
 def ls(name: NameArg, json_: JsonOpt = False):
     """Every key of NAME's metadata with its value, one `key=value` per line (escaped for
     the terminal as names are: docs/cli.md)."""
@@ -65,7 +56,7 @@ def ls(name: NameArg, json_: JsonOpt = False):
 
 
 @meta_app.command("get")
-@_run
+@run_body
 def get(name: NameArg, key: KeyArg, json_: JsonOpt = False):
     """The value of KEY, and a newline. To a terminal it is escaped as names are; into a
     pipe or a file its bytes are written as they are. Exit 4 if KEY is not set."""
@@ -81,7 +72,7 @@ def get(name: NameArg, key: KeyArg, json_: JsonOpt = False):
 
 
 @meta_app.command("set")
-@_run
+@run_body
 def set_(name: NameArg, key: KeyArg,
          value: Annotated[str, typer.Argument(help="The value (any bytes, empty too), or - "
                                                    "to read it from stdin.")],
@@ -103,7 +94,7 @@ def set_(name: NameArg, key: KeyArg,
 
 
 @meta_app.command("rm")
-@_run
+@run_body
 def rm(name: NameArg, key: KeyArg, json_: JsonOpt = False):
     """Remove KEY from NAME's metadata. Exit 4 if it is not set."""
     with connect() as c:

@@ -7,16 +7,16 @@ snapshot; 2 bad arguments; 6 permission denied (the store's or the daemon's).
 """
 from __future__ import annotations
 
-import functools
 import time
 from typing import Annotated
 
 import typer
 
-from . import actions, output
+from . import output
 from .actions import connect, want_json
 from .protocol import GpumemError, NotRunning, format_size
 from .protocol.errors import BUSY, INVALID_STATE, OK, UNCORRECTABLE
+from .subapp import run_body
 
 snapshot_app = typer.Typer(help="Snapshots of durable allocations to a directory or "
                                 "s3://bucket/prefix, and restores from them "
@@ -34,15 +34,6 @@ NamesArg = Annotated[list[str] | None, typer.Argument(
     help="Allocations or directories (everything under them); default: all.")]
 
 
-def _run(func):
-    """Run a command body through actions.invoke: a GpumemError is one stderr line and its
-    exit code, as for every other command."""
-    @functools.wraps(func)
-    def wrapper(**params):
-        raise typer.Exit(actions.invoke(func, params))
-    return wrapper
-
-
 def _meter(label: str, quiet: bool) -> output.Progress:
     return output.Progress(label, 0, enabled=False if quiet else None)
 
@@ -57,7 +48,7 @@ def _report(**report) -> None:
 
 
 @snapshot_app.command("create")
-@_run
+@run_body
 def create(dest: WhereArg, names: NamesArg = None,
            incremental: Annotated[bool, typer.Option(
                "--incremental", "-i", help="Write only the blocks changed since the newest "
@@ -106,7 +97,7 @@ def _rate(result: dict) -> str:
 
 
 @snapshot_app.command("restore")
-@_run
+@run_body
 def restore(src: SrcArg, names: NamesArg = None,
             as_: Annotated[str | None, typer.Option(
                 "--as", help="Restore under this directory prefix instead of the saved "
@@ -162,7 +153,7 @@ def _ranges(ranges: list) -> str:
 
 
 @snapshot_app.command("verify")
-@_run
+@run_body
 def verify(src: SrcArg, quiet: QuietOpt = False, json_: JsonOpt = False):
     """Check every snapshot in a store (or the one named): manifests and every block.
     Exit 0 clean, 8 damaged (named)."""
@@ -198,7 +189,7 @@ def verify(src: SrcArg, quiet: QuietOpt = False, json_: JsonOpt = False):
 
 
 @snapshot_app.command("ls")
-@_run
+@run_body
 def ls(src: WhereArg, json_: JsonOpt = False):
     """List the snapshots in a store: complete, partial or damaged."""
     from .snapshots import engine
@@ -221,7 +212,7 @@ def ls(src: WhereArg, json_: JsonOpt = False):
 
 
 @snapshot_app.command("rm")
-@_run
+@run_body
 def rm(src: SrcArg,
        keep: Annotated[int | None, typer.Option(
            "--keep", min=0, help="Keep the newest N complete snapshots; remove the rest and "

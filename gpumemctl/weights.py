@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from .protocol import Exists, NotFound, UsageError
 from .tensors import HEADER_KEY, INDEX_KEY, parse_header
@@ -321,7 +322,8 @@ def save(c, name: str, out: str, progress: Progress | None = None) -> dict:
         meta = info.get("metadata") or {}
         if INDEX_KEY in meta:
             path = os.path.join(out, meta.get(INDEX_NAME_KEY) or "model" + INDEX_SUFFIX)
-            _write_atomically(path, meta[INDEX_KEY].encode("utf-8"))
+            text = meta[INDEX_KEY].encode("utf-8")
+            _write_atomically(path, lambda f: f.write(text))
             written.append({"name": name, "file": path, "bytes": 0})
     return {"name": name, "out": out, "bytes": moved, "files": written,
             "seconds": round(time.monotonic() - began, 6)}
@@ -340,12 +342,23 @@ def _save_file(c, info: dict, path: str, advance: Callable[[int], None]) -> int:
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
+
+    def write(f) -> None:
+        f.write(len(header).to_bytes(LENGTH_BYTES, "little") + header)
+        if length:
+            c.read_to(info["path"], f, 0, length, progress=lambda d, _t: advance(d))
+
+    _write_atomically(path, write)
+    return length
+
+
+def _write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
+    """`write(f)` into a temporary file beside `path`, fsynced, then renamed to `path`: a
+    reader (or a crash) never finds it half written."""
     tmp = f"{path}.gpumemctl-{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
-            f.write(len(header).to_bytes(LENGTH_BYTES, "little") + header)
-            if length:
-                c.read_to(info["path"], f, 0, length, progress=lambda d, _t: advance(d))
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -355,20 +368,6 @@ def _save_file(c, info: dict, path: str, advance: Callable[[int], None]) -> int:
     except BaseException:
         _discard(tmp)
         raise
-    return length
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    tmp = f"{path}.gpumemctl-{os.getpid()}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        _discard(tmp)
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _discard(path: str) -> None:
