@@ -25,7 +25,8 @@ Choices a user can observe (docs/mount.md says more):
 - Symbolic links are nodes of the namespace (daemon/nodes.Symlink): symlink makes one,
   readlink answers its target as given, and the kernel follows them (O_NOFOLLOW, ELOOP and
   the 40-link limit are its own). An absolute target is a plain string, never resolved
-  here. Hard links: EPERM.
+  here. A hard link (link) is one more name of the same node: one allocation, several
+  names (st_nlink); a directory cannot have one (EPERM).
 - mknod makes FIFOs, sockets and character and block device nodes as tmpfs does: metadata
   only (daemon/nodes.Special). The kernel gives FIFOs and sockets their behaviour without
   asking us; the mount is nodev, so a device node never opens its device (EACCES).
