@@ -54,6 +54,12 @@ NodeArg = Annotated[str, typer.Argument(help="Allocation or directory name, e.g.
 NamesArg = Annotated[list[str], typer.Argument(help="One or more allocation names.",
                                                autocompletion=complete_name)]
 OffsetOpt = Annotated[str, typer.Option("--offset", help="Byte offset (sizes like 4K work).")]
+# What create and load both take for the allocations they make.
+DurableOpt = Annotated[bool, typer.Option("--durable", help="Survive daemon restarts.")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="Device index or UUID.")]
+FileModeOpt = Annotated[str, typer.Option("--mode", help="Octal permissions.")]
+EccOpt = Annotated[str | None, typer.Option(
+    "--ecc", help="rs or none (default: the daemon's, rs unless configured).")]
 
 
 def show_version(given: bool) -> None:
@@ -112,15 +118,8 @@ def ls(path: Annotated[str, typer.Argument(
 @command("create", body=actions.create)
 def create(name: NameArg,
            size: Annotated[str, typer.Option("--size", "-s", help="e.g. 4096, 64K, 1.5G, 2GB.")],
-           durable: Annotated[bool, typer.Option("--durable", help="Survive daemon restarts.")]
-           = False,
-           device: Annotated[str | None, typer.Option("--device",
-                                                         help="Device index or UUID.")] = None,
-           mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")]
-           = f"{FILE_MODE:04o}",
-           ecc: Annotated[str | None, typer.Option(
-               "--ecc", help="rs or none (default: the daemon's, rs unless configured).")]
-           = None,
+           durable: DurableOpt = False, device: DeviceOpt = None,
+           mode: FileModeOpt = f"{FILE_MODE:04o}", ecc: EccOpt = None,
            exist_ok: Annotated[bool, typer.Option(
                "--exist-ok", help="Succeed if it exists with this size.")] = False,
            json_: JsonOpt = False):
@@ -223,15 +222,8 @@ def load(src: Annotated[str, typer.Argument(
          name: Annotated[str, typer.Argument(
              help="The allocation to make (a directory of allocations for a sharded "
                   "model), e.g. models/llama.", autocompletion=complete_name)],
-         durable: Annotated[bool, typer.Option("--durable", help="Survive daemon restarts.")]
-         = False,
-         device: Annotated[str | None, typer.Option("--device",
-                                                       help="Device index or UUID.")] = None,
-         mode: Annotated[str, typer.Option("--mode", help="Octal permissions.")]
-         = f"{FILE_MODE:04o}",
-         ecc: Annotated[str | None, typer.Option(
-             "--ecc", help="rs or none (default: the daemon's, rs unless configured).")]
-         = None,
+         durable: DurableOpt = False, device: DeviceOpt = None,
+         mode: FileModeOpt = f"{FILE_MODE:04o}", ecc: EccOpt = None,
          json_: JsonOpt = False):
     """Load safetensors weights into NAME: tensor bytes at their offsets, the header kept as
     NAME's metadata (gpumemctl.tensors.load makes zero-copy tensors of them)."""

@@ -289,9 +289,10 @@ def _undo(c, allocations: list[str], dirs: list[str]) -> None:
             c.remove(name, force=True)
         except Exception:   # noqa: BLE001 - cleanup after the error being reported
             pass
-    for name in reversed(dirs):
-        try:
-            c.remove(name, recursive=True, force=True)
+    for name in reversed(dirs):        # deepest first, and only while empty: nothing that
+        try:                           # another client put there meanwhile is removed
+            if not c.ls(name):         # (the socket has no rmdir; -r of an empty one is it)
+                c.remove(name, recursive=True)
         except Exception:   # noqa: BLE001
             pass
 

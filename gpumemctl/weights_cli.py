@@ -5,17 +5,7 @@ from __future__ import annotations
 
 from . import output
 from .actions import connect, want_json
-from .protocol import UsageError, format_size
-
-
-def _mode(text: str) -> int:
-    try:
-        mode = int(text, 8)
-    except ValueError:
-        mode = -1
-    if not 0 <= mode <= 0o7777:
-        raise UsageError(f"invalid mode {text!r}: expected octal permissions such as 0600")
-    return mode
+from .protocol import format_size
 
 
 def _rate(nbytes: int, seconds: float) -> str:
@@ -25,7 +15,8 @@ def _rate(nbytes: int, seconds: float) -> str:
 def load(src: str, name: str, durable: bool = False, device: str | None = None,
          mode: str = "0600", ecc: str | None = None, json_: bool = False) -> None:
     from . import weights
-    file_mode = _mode(mode)
+    from .formats import parse_mode
+    file_mode = parse_mode(mode)
     with connect() as c:
         warming = None
         if c.hello.get("backend") == "cuda":       # CUDA starts while the files are checked
