@@ -9,13 +9,14 @@ declaration names, with the same defaults (tests/unit/test_cli_plain.py holds bo
 """
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
 
 from . import output
 from .formats import age, byte_ranges, metadata_sizes, plain, telemetry_summary
-from .protocol import GpumemError, UsageError, format_size, parse_size
+from .protocol import GpumemError, format_size, parse_size
 from .protocol.defaults import DIR_MODE, FILE_MODE
 from .protocol.errors import OK
 
@@ -36,18 +37,39 @@ def connect():
 
 
 def invoke(body, params: dict) -> int:
-    """Run a command's body; returns its exit status. A GpumemError is one line on stderr
-    and its code; a reader that went away (`gpumemctl read x | head`) is not our error."""
+    """Run a command's body; returns its exit status. Its errors go through `report`."""
     try:
         code = body(**params)
-        sys.stdout.flush()
-    except GpumemError as exc:
-        output.error(str(exc))
-        return exc.code
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return OK
+        output.flush()
+    except (GpumemError, OSError) as exc:
+        return report(exc)
     return code or OK
+
+
+def report(exc: GpumemError | OSError) -> int:
+    """The one place an error becomes its line on stderr and the exit status (docs/cli.md,
+    "Exit status" and "Local files"): a GpumemError is its message and code; an OSError on
+    a local file (its `filename` set: every path and stdout writer sets it) the path, the
+    errno's words and the errno's code; a reader that went away (`gpumemctl ls | head -1`,
+    EPIPE) is not our error: exit 0, quietly. Any other OSError is a bug: its traceback."""
+    if isinstance(exc, OSError):
+        to_stdout = exc.filename in (None, output.STDOUT_NAME)
+        if exc.errno == errno.EPIPE:
+            if to_stdout:
+                output.detach_stdout()
+            return OK
+        if exc.filename is None:
+            raise exc
+        from .localfiles import file_error
+        if to_stdout:
+            output.detach_stdout()
+        exc = file_error(exc)
+    output.error(str(exc))
+    try:                # what the command printed before it failed, if stdout takes it
+        output.flush()
+    except OSError:
+        output.detach_stdout()
+    return exc.code
 
 
 def parse_offset(text: str) -> int:
@@ -193,8 +215,9 @@ def revoke(name: str, json_: bool = False):
 
 # ---- data -----------------------------------------------------------------------------------
 def write(name: str, file: str = "-", offset: str = "0", json_: bool = False):
+    from .localfiles import open_input
     start = parse_offset(offset)
-    src = sys.stdin.buffer if file == "-" else _open_input(file)
+    src = sys.stdin.buffer if file == "-" else open_input(file, regular_only=False)
     total = os.fstat(src.fileno()).st_size if file != "-" else None
     meter = output.Progress(f"write {name}", total or 0)
     with connect() as c:
@@ -204,23 +227,31 @@ def write(name: str, file: str = "-", offset: str = "0", json_: bool = False):
         output.emit_json({"name": name, "offset": start, "bytes": done})
 
 
-def _open_input(path: str):
-    try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-
-
 def read(name: str, file: str = "-", offset: str = "0", length: str | None = None):
     start = parse_offset(offset)
     count = None if length is None else parse_size(length, allow_zero=True)
-    out = sys.stdout.buffer if file == "-" else open(file, "wb")
+    out = sys.stdout.buffer if file == "-" else _open_output(file)
     with connect() as c:
         total = count if count is not None else max((c.info(name).get("size") or 0) - start, 0)
         meter = output.Progress(f"read {name}", total)
         c.read_to(name, out, start, count, progress=meter)
-    out.flush()
+    try:
+        out.flush()
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = output.STDOUT_NAME if file == "-" else file
+        raise
     meter.finish()
+
+
+def _open_output(path: str):
+    """FILE of `read`: opened for writing as `dd of=FILE` does (created, truncated; a
+    device or FIFO written as it is)."""
+    try:
+        return open(path, "wb")
+    except OSError as exc:
+        from .localfiles import file_error
+        raise file_error(exc, path, "write") from None
 
 
 # ---- daemon ---------------------------------------------------------------------------------

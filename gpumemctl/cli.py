@@ -33,9 +33,15 @@ def run(argv: list[str]) -> int:
         if call is not None:
             return call.run()
         from .commands import run as run_typer
-        return run_typer(argv)
+        code = run_typer(argv)
+        from .output import flush
+        flush()
+        return code
     except KeyboardInterrupt:
         return INTERRUPTED
+    except OSError as exc:      # outside a command's body (help, scrub): the same one line
+        from .actions import report
+        return report(exc)
 
 
 def __getattr__(name: str):

@@ -67,8 +67,7 @@ def get(name: NameArg, key: KeyArg, json_: JsonOpt = False):
     elif sys.stdout.isatty():
         output.data(result["value"])
     else:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(_raw(result["value"]) + b"\n")
+        output.raw(_raw(result["value"]) + b"\n")
 
 
 @meta_app.command("set")

@@ -25,13 +25,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from . import localfiles
 from .protocol import Exists, NotFound, UsageError
+from .protocol.framing import MAX_REQUEST_BYTES
 from .tensors import HEADER_KEY, INDEX_KEY, parse_header
 
 INDEX_NAME_KEY = "safetensors.index.name"   # the index file's own name, for `save`
 INDEX_SUFFIX = ".safetensors.index.json"
 SUFFIX = ".safetensors"
 LENGTH_BYTES = 8                            # the header's length, little-endian u64
+DEFAULT_INDEX_NAME = "model" + INDEX_SUFFIX
+# A header (an index) is kept as metadata, which one request carries whole: past this it
+# can never be stored, whatever gpumemd's metadata_max_bytes (512K by default, 896K at most).
+TEXT_MAX_BYTES = MAX_REQUEST_BYTES
 
 
 @dataclass
@@ -68,8 +74,6 @@ def plan(src: str, name: str) -> Plan:
         return _plan_directory(src, name)
     if src.endswith(INDEX_SUFFIX) or src.endswith(".index.json"):
         return _plan_index(src, name)
-    if not os.path.exists(src):
-        raise UsageError(f"{src}: no such file")
     return Plan(src, name, False, [_check_file(src, name)])
 
 
@@ -77,7 +81,7 @@ def _plan_directory(src: str, name: str) -> Plan:
     try:
         files = sorted(os.listdir(src))
     except OSError as exc:
-        raise UsageError(f"cannot read directory {src}: {exc.strerror}") from None
+        raise localfiles.file_error(exc, src, "read directory") from None
     indexes = [f for f in files if f.endswith(INDEX_SUFFIX)]
     if len(indexes) > 1:
         raise UsageError(f"{src}: holds {len(indexes)} index files ({', '.join(indexes)}): "
@@ -92,11 +96,12 @@ def _plan_directory(src: str, name: str) -> Plan:
 
 
 def _plan_index(src: str, name: str) -> Plan:
-    try:
-        with open(src, "rb") as f:
-            raw = f.read(64 << 20)
-    except OSError as exc:
-        raise UsageError(f"cannot read {src}: {exc.strerror}") from None
+    with localfiles.open_input(src) as f:
+        try:
+            raw = f.read(TEXT_MAX_BYTES + 1)
+        except OSError as exc:
+            raise localfiles.file_error(exc, src, "read") from None
+    _require_storable(src, "index file", len(raw))
     try:
         text = raw.decode("utf-8")
         index = json.loads(text)
@@ -130,21 +135,41 @@ def _plan_index(src: str, name: str) -> Plan:
 
 
 def _check_file(path: str, name: str) -> Shard:
-    """A safetensors file, checked by the library itself; its header read verbatim."""
+    """A safetensors file, checked by the library itself; its header read verbatim. A
+    header too large to keep is refused before the library parses it (a 90 MB one)."""
     from safetensors import SafetensorError, safe_open
-    try:
-        with safe_open(path, framework="numpy") as st:
-            count = len(st.keys())
-    except SafetensorError as exc:
-        raise UsageError(f"{path}: not a valid safetensors file: {exc}") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    with open(path, "rb") as f:
-        length = int.from_bytes(f.read(LENGTH_BYTES), "little")
-        header = f.read(length)
-        size = os.fstat(f.fileno()).st_size
+    with localfiles.open_input(path) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            length = int.from_bytes(f.read(LENGTH_BYTES), "little")
+            if length <= size - LENGTH_BYTES:   # else not safetensors: the library says so
+                _require_storable(path, "header", length)
+            try:
+                with safe_open(path, framework="numpy") as st:
+                    count = len(st.keys())
+            except SafetensorError as exc:
+                raise UsageError(f"{path}: not a valid safetensors file: {exc}") from None
+            header = f.read(length)
+        except OSError as exc:
+            raise localfiles.file_error(exc, path, "read") from None
     start = LENGTH_BYTES + length
     return Shard(path, name, header.decode("utf-8"), start, size - start, count)
+
+
+def _require_storable(path: str, what: str, nbytes: int) -> None:
+    if nbytes > TEXT_MAX_BYTES:
+        raise UsageError(f"{path}: its {what} is {nbytes} bytes, more than the "
+                         f"{TEXT_MAX_BYTES} one request to gpumemd carries; load keeps it as "
+                         "metadata, at most metadata_max_bytes (512K by default, 896K at "
+                         "most): nothing made")
+
+
+def _too_large(src: str, what: str, nbytes: int, exc: UsageError) -> UsageError:
+    """The daemon's (or the client's) "too large" for metadata, naming the file."""
+    if exc.details.get("errno") not in ("ENOSPC", "E2BIG"):
+        return exc
+    return UsageError(f"{src}: its {what} ({nbytes} bytes) cannot be kept as metadata: {exc}",
+                      details=exc.details)
 
 
 # ---- load ---------------------------------------------------------------------------------------
@@ -166,7 +191,11 @@ def load(c, plan_: Plan, *, durable: bool = False, device: str | None = None,
     began, moved = time.monotonic(), 0
     try:
         if plan_.directory and plan_.index is not None:
-            c.meta_set(plan_.name, INDEX_KEY, plan_.index)
+            try:
+                c.meta_set(plan_.name, INDEX_KEY, plan_.index)
+            except UsageError as exc:
+                raise _too_large(plan_.src, "index file", len(plan_.index.encode()),
+                                 exc) from None
             c.meta_set(plan_.name, INDEX_NAME_KEY, plan_.index_name or "")
         for shard in plan_.shards:
             filling.append(_fill(c, shard, durable, device, mode, ecc,
@@ -209,8 +238,11 @@ def _fill(c, shard: Shard, durable: bool, device: str | None, mode: int,
     left open: (handle, seconds of `create`, the allocation made and mapped here, and
     `copy`, the file's bytes to the memory)."""
     began = time.monotonic()
-    handle = c.refill(shard.name, size=max(shard.data_len, 1), mode=mode, ecc=ecc,
-                      durable=durable, device=device, metadata={HEADER_KEY: shard.header})
+    try:
+        handle = c.refill(shard.name, size=max(shard.data_len, 1), mode=mode, ecc=ecc,
+                          durable=durable, device=device, metadata={HEADER_KEY: shard.header})
+    except UsageError as exc:
+        raise _too_large(shard.src, "header", len(shard.header.encode()), exc) from None
     done = 0
 
     def moved(n: int) -> None:
@@ -220,7 +252,7 @@ def _fill(c, shard: Shard, durable: bool, device: str | None, mode: int,
 
     made = time.monotonic()
     try:
-        with open(shard.src, "rb") as src:
+        with localfiles.open_input(shard.src) as src:
             src.seek(shard.data_offset)
             too_long = handle.memory.write_from(src, 0, handle.size, moved)
         if done:
@@ -298,36 +330,118 @@ def _undo(c, allocations: list[str], dirs: list[str]) -> None:
 
 
 # ---- save ---------------------------------------------------------------------------------------
+# Root may save what another user loaded: every name that comes from the daemon (a shard's
+# path, the index file's name in metadata) is data, checked to be file names under OUT,
+# and every file is written by gpumemctl/localfiles.py (no link followed; docs/tensors.md).
 def save(c, name: str, out: str, progress: Progress | None = None) -> dict:
-    """Write allocation `name` to the safetensors file `out`, or a directory of shards
-    (with its index file) to the directory `out`. Each file is written to a temporary
-    name, fsynced and renamed, so `out` is never half written."""
+    """Write allocation `name` to the safetensors file `out` (`-`: stdout), or a directory
+    of shards (with its index file) into the directory `out`. Each file is written to a
+    temporary name, fsynced and renamed, so a file is never half written."""
     from .tensors import _shard_infos
     info = c.info(name)
     began = time.monotonic()
     if info.get("type") == "directory":
-        infos = _shard_infos(c, name)
-        files = [(i, os.path.join(out, i["path"][len(name.rstrip("/")) + 1:]))
-                 for i in infos]
-        os.makedirs(out, exist_ok=True)
+        if out == "-":
+            raise UsageError(f"'{name}' is a directory of shards: save it into a directory, "
+                             "not '-' (stdout takes one allocation's file)")
+        files = _shard_files(info, _shard_infos(c, name))
+        index = _index_file(name, info, files)
+        moved, written = _save_tree(c, name, out, files, index, progress)
     else:
-        infos, files = [info], [(info, out)]
-    total = sum(_data_len(i) for i in infos)
-    moved = 0
-    written = []
-    for shard_info, path in files:
-        n = _save_file(c, shard_info, path, _offset_progress(progress, moved, total))
-        moved += n
-        written.append({"name": shard_info["path"], "file": path, "bytes": n})
-    if info.get("type") == "directory":
-        meta = info.get("metadata") or {}
-        if INDEX_KEY in meta:
-            path = os.path.join(out, meta.get(INDEX_NAME_KEY) or "model" + INDEX_SUFFIX)
-            text = meta[INDEX_KEY].encode("utf-8")
-            _write_atomically(path, lambda f: f.write(text))
-            written.append({"name": name, "file": path, "bytes": 0})
+        total = _data_len(info)
+        write = _file_writer(c, info, _offset_progress(progress, 0, total))
+        if out == "-":
+            _to_stdout(write)
+        else:
+            localfiles.write_file(out, write)
+        moved, written = total, [{"name": info["path"], "file": out, "bytes": total}]
     return {"name": name, "out": out, "bytes": moved, "files": written,
             "seconds": round(time.monotonic() - began, 6)}
+
+
+def _shard_files(top: dict, infos: list[dict]) -> list[tuple[dict, list[str]]]:
+    """Each shard and its file's path under OUT, as components: its allocation path below
+    the directory, each component a plain file name (checked, never a path)."""
+    base = top["path"].strip("/")
+    files = []
+    for shard in infos:
+        path = shard["path"].strip("/")
+        if not path.startswith(base + "/" if base else ""):
+            raise UsageError(f"'{path}' is not under '{base}': refused, nothing written")
+        parts = path[len(base) + 1 if base else 0:].split("/")
+        for part in parts:
+            localfiles.check_component(part, f"shard '{path}': component")
+        files.append((shard, parts))
+    return files
+
+
+def _index_file(name: str, info: dict, files: list) -> tuple[str, bytes] | None:
+    """The index file to write beside the shards: (file name, text), or None. The name is
+    metadata anyone who may write the directory can set: a name that is not one plain
+    `.json` file name, or that is a shard's, is refused before anything is written (rather
+    than replaced by the default: a save that quietly writes another name than the stored
+    one hides that the metadata is not what load made)."""
+    meta = info.get("metadata") or {}
+    if INDEX_KEY not in meta:
+        return None
+    file = meta.get(INDEX_NAME_KEY) or DEFAULT_INDEX_NAME
+    try:
+        localfiles.check_component(file, "index file name")
+        plain = file.endswith(".json") and file not in {parts[0] for _, parts in files}
+    except UsageError:
+        plain = False
+    if not plain:
+        raise UsageError(f"'{name}': metadata {INDEX_NAME_KEY} {file!r} is not one .json "
+                         "file name beside the shards (no '/', not '.' or '..', at most "
+                         f"{localfiles.NAME_MAX} bytes, not a shard's): refused, nothing "
+                         f"written (`gpumemctl meta set {name} {INDEX_NAME_KEY} "
+                         f"{DEFAULT_INDEX_NAME}` repairs it)")
+    return file, meta[INDEX_KEY].encode("utf-8")
+
+
+def _save_tree(c, name: str, out: str, files: list, index: tuple[str, bytes] | None,
+               progress: Progress | None) -> tuple[int, list[dict]]:
+    """The shards (and index) into directory `out`: every target checked first, so that a
+    refusal (a link, a device where a file goes) writes nothing."""
+    total = sum(_data_len(shard) for shard, _ in files)
+    targets = [parts for _, parts in files] + ([[index[0]]] if index else [])
+    moved, written = 0, []
+    with localfiles.open_out_dir(out) as top:
+        for parts in targets:
+            _walk(top, parts, make=False)
+        for shard, parts in files:
+            n = _data_len(shard)
+            _walk(top, parts, make=True,
+                  write=_file_writer(c, shard, _offset_progress(progress, moved, total)))
+            moved += n
+            written.append({"name": shard["path"], "file": os.path.join(out, *parts),
+                            "bytes": n})
+        if index is not None:
+            text = index[1]
+            top.write_file(index[0], lambda f: f.write(text))
+            written.append({"name": name, "file": os.path.join(out, index[0]), "bytes": 0})
+    return moved, written
+
+
+def _walk(top: localfiles.OutDir, parts: list[str], make: bool,
+          write: Callable[[BinaryIO], object] | None = None) -> None:
+    """Down `parts[:-1]` from `top` (each directory opened by the fd of the one above, never
+    through a link; made if `make`), then: check the file target, or write it."""
+    opened: list[localfiles.OutDir] = []
+    here = top
+    try:
+        for part in parts[:-1]:
+            if not make and here.lstat(part) is None:
+                return              # nothing there yet: nothing below it to refuse
+            here = here.subdir(part, make=make)
+            opened.append(here)
+        if write is None:
+            here.check_file_target(parts[-1])
+        else:
+            here.write_file(parts[-1], write)
+    finally:
+        for d in opened:
+            d.close()
 
 
 def _data_len(info: dict) -> int:
@@ -336,43 +450,27 @@ def _data_len(info: dict) -> int:
     return max((t.end for t in tensors.values()), default=0)
 
 
-def _save_file(c, info: dict, path: str, advance: Callable[[int], None]) -> int:
+def _file_writer(c, info: dict, advance: Callable[[int], None]) -> Callable[[BinaryIO], None]:
+    """What writes one allocation's safetensors file to an open file: length, header, bytes."""
     from .tensors import _header_of
     header = _header_of(info).encode("utf-8")
     length = _data_len(info)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
 
-    def write(f) -> None:
+    def write(f: BinaryIO) -> None:
         f.write(len(header).to_bytes(LENGTH_BYTES, "little") + header)
         if length:
             c.read_to(info["path"], f, 0, length, progress=lambda d, _t: advance(d))
-
-    _write_atomically(path, write)
-    return length
+    return write
 
 
-def _write_atomically(path: str, write: Callable[[BinaryIO], object]) -> None:
-    """`write(f)` into a temporary file beside `path`, fsynced, then renamed to `path`: a
-    reader (or a crash) never finds it half written."""
-    tmp = f"{path}.gpumemctl-{os.getpid()}.tmp"
+def _to_stdout(write: Callable[[BinaryIO], None]) -> None:
+    """`save NAME -`: the file's bytes on stdout (as `read NAME -`)."""
+    import sys
+
+    from .output import named_stdout
+    out = sys.stdout.buffer
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write(out)
+        out.flush()
     except OSError as exc:
-        _discard(tmp)
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        _discard(tmp)
-        raise
-
-
-def _discard(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+        raise named_stdout(exc) from None

@@ -41,6 +41,11 @@ def load(src: str, name: str, durable: bool = False, device: str | None = None,
 
 def save(name: str, out: str, json_: bool = False) -> None:
     from . import weights
+    from .protocol import UsageError
+    to_stdout = out == "-"          # the file itself on stdout: nothing else goes there
+    if to_stdout and want_json(json_):
+        raise UsageError("save NAME - writes the file to stdout, which leaves no room for "
+                         "--json: name an OUT file to have both")
     with connect() as c:
         meter = output.Progress(f"save {name}", 0)
         result = weights.save(c, name, out, progress=meter)
@@ -49,6 +54,11 @@ def save(name: str, out: str, json_: bool = False) -> None:
         output.emit_json(result)
         return
     files = len(result["files"])
-    output.data(f"saved {name} to {out} ({format_size(result['bytes'])} of tensors"
-                f"{f' in {files} files' if files > 1 else ''}) in {result['seconds']:.2f} s "
-                f"({_rate(result['bytes'], result['seconds'])})")
+    line = (f"saved {name} to {'stdout' if to_stdout else out} "
+            f"({format_size(result['bytes'])} of tensors"
+            f"{f' in {files} files' if files > 1 else ''}) in {result['seconds']:.2f} s "
+            f"({_rate(result['bytes'], result['seconds'])})")
+    if to_stdout:
+        output.note(line)
+    else:
+        output.data(line)

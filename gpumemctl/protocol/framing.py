@@ -105,8 +105,16 @@ def ancillary(fds: list[int]):
 
 # ---- blocking side (client, keeper) ---------------------------------------------------
 
-def send_frame(sock, message: dict, fds: Sequence[int] = ()) -> None:
+def send_frame(sock, message: dict, fds: Sequence[int] = (), limit: int | None = None) -> None:
+    """`limit`: the most payload bytes the peer reads in one frame (the client passes
+    MAX_REQUEST_BYTES): a larger frame is refused here, nothing sent, rather than sent for
+    the peer to hang up on mid-frame (which reads as "gpumemd closed the connection")."""
     data = encode(message, len(fds))
+    if limit is not None and len(data) - HEADER_SIZE > limit:
+        size, op = len(data) - HEADER_SIZE, str(message.get("op", ""))[:40]
+        raise ProtocolError(f"the '{op}' request would be {size} bytes, more than the "
+                            f"{limit} gpumemd reads in one request: nothing was sent",
+                            details={"errno": "E2BIG", "bytes": size, "limit": limit})
     sent = sock.sendmsg([data], ancillary(list(fds)))
     if sent < len(data):
         sock.sendall(data[sent:])
