@@ -3,7 +3,9 @@ what each prints. The work is gpumemctl/snapshots/engine.py's.
 
 Exit codes as everywhere (docs/cli.md): 0 done; 8 a snapshot (or a restored allocation) has
 damage, named; 9 an allocation was skipped because a writer held it; 4 no such store or
-snapshot; 2 bad arguments; 6 permission denied (the store's or the daemon's).
+snapshot; 2 bad arguments; 6 permission denied (the store's or the daemon's), or a snapshot
+passed over because the caller does not trust who wrote it (docs/snapshots.md, "Who may
+write a store, and what a restore trusts").
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import typer
 from . import output
 from .actions import connect, want_json
 from .protocol import GpumemError, NotRunning, format_size
-from .protocol.errors import BUSY, INVALID_STATE, OK, UNCORRECTABLE
+from .protocol.errors import BUSY, INVALID_STATE, OK, PERMISSION, UNCORRECTABLE
 from .subapp import run_body
 
 snapshot_app = typer.Typer(help="Snapshots of durable allocations to a directory or "
@@ -27,11 +29,27 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress meter
                                         "summary when all went well (for cron).")]
 WhereArg = Annotated[str, typer.Argument(help="A directory or s3://bucket/prefix holding "
                                               "snapshots.")]
-SrcArg = Annotated[str, typer.Argument(help="A snapshot store (its newest complete "
-                                            "snapshot), or one snapshot in it: "
+SrcArg = Annotated[str, typer.Argument(help="A snapshot store (a directory or "
+                                            "s3://bucket/prefix), or one snapshot in it: "
                                             "STORE/snap-...")]
 NamesArg = Annotated[list[str] | None, typer.Argument(
     help="Allocations or directories (everything under them); default: all.")]
+TrustOpt = Annotated[list[str] | None, typer.Option(
+    "--trust-uid", metavar="UID",
+    help="Also trust snapshot files this uid (or user name) owns, as your own and root's "
+         "are; repeatable. For a store written under another uid (NFS root_squash: 65534); "
+         "docs/snapshots.md.")]
+
+
+def _trusted(values: list[str] | None) -> frozenset[int]:
+    from .snapshots.trust import parse_uids
+    return parse_uids(values)
+
+
+def _passed_over(result: dict) -> None:
+    """One line per snapshot a command passed over: whose it is, or what is wrong with it."""
+    for p in result.get("passed_over", []):
+        output.error(p["message"])
 
 
 def _meter(label: str, quiet: bool) -> output.Progress:
@@ -54,7 +72,7 @@ def create(dest: WhereArg, names: NamesArg = None,
                "--incremental", "-i", help="Write only the blocks changed since the newest "
                                            "snapshot in DEST; refer to it for the rest.")]
            = False,
-           quiet: QuietOpt = False, json_: JsonOpt = False):
+           trust_uid: TrustOpt = None, quiet: QuietOpt = False, json_: JsonOpt = False):
     """Snapshot allocations into a new snapshot in DEST (default: every durable allocation
     you may read). A lost one is carried over from the newest snapshot in DEST that holds
     it; exit 9 if a writer held one, 10 if a lost one is in no snapshot there."""
@@ -64,7 +82,8 @@ def create(dest: WhereArg, names: NamesArg = None,
         backend = c.hello.get("backend", "host")
         try:
             result = engine.create(c, dest, names or [], incremental=incremental,
-                                   progress=meter, backend=backend)
+                                   progress=meter, backend=backend,
+                                   trust_uids=_trusted(trust_uid))
         finally:
             meter.finish()
         busy = [s for s in result["skipped"] if s["reason"] == "busy"]
@@ -77,6 +96,8 @@ def create(dest: WhereArg, names: NamesArg = None,
                           allocations=len(result["allocations"]),
                           incremental=result["incremental"], io=result["io"],
                           paths=[a["path"] for a in result["allocations"]])
+    for p in result["passed_over"]:
+        output.warning(f"passed over: {p['message']}")
     for s in result["skipped"]:
         output.warning(f"skipped '{s['path']}': {s['message']}")
     if want_json(json_):
@@ -110,24 +131,27 @@ def restore(src: SrcArg, names: NamesArg = None,
             lost_only: Annotated[bool, typer.Option(
                 "--lost-only", help="Only refill allocations in state lost; create "
                                     "nothing.")] = False,
-            quiet: QuietOpt = False, json_: JsonOpt = False):
-    """Recreate allocations from a snapshot, or refill `lost` ones in place. Every block is
-    checked on the way in; one that fails is never served (the allocation is `degraded`,
-    exit 8)."""
+            trust_uid: TrustOpt = None, quiet: QuietOpt = False, json_: JsonOpt = False):
+    """Recreate allocations from a snapshot, or refill `lost` ones in place: from a store,
+    each from the newest complete snapshot you trust that holds it. Every block is checked
+    on the way in; one that fails is never served (the allocation is `degraded`, exit 8)."""
     from .snapshots import engine
     meter = _meter("restore", quiet)
     with connect() as c:
         try:
             result = engine.restore(c, src, names or [], as_prefix=as_, device=device,
-                                    force=force, lost_only=lost_only, progress=meter)
+                                    force=force, lost_only=lost_only, progress=meter,
+                                    trust_uids=_trusted(trust_uid))
         finally:
             meter.finish()
         failures = result.pop("_failures")
-        outcome = "damaged" if result["damaged"] else ("failed" if failures else "ok")
-        c.snapshot_report(action="restore", snapshot=result["snapshot"],
+        codes = [f.code for f in failures] + [p["code"] for p in result["passed_over"]]
+        outcome = "damaged" if result["damaged"] else ("failed" if codes else "ok")
+        c.snapshot_report(action="restore", snapshot=result["snapshot"] or "",
                           location=result["location"], result=outcome, bytes=result["bytes"],
                           duration_ms=int(result["seconds"] * 1000),
                           allocations=len(result["allocations"]), io=result["io"])
+    _passed_over(result)                # on stderr with --json too, as create's warnings
     if want_json(json_):
         output.emit_json(result)
     else:
@@ -137,15 +161,30 @@ def restore(src: SrcArg, names: NamesArg = None,
                                f"checksum at {_ranges(r['damaged'])}; those bytes read as "
                                "EIO")
             elif r["result"] != "ok":
-                output.error(f"'{r['path']}': {r['message']}")
-        if not quiet or failures or result["damaged"]:
-            output.data(f"restore {result['location']}: {len(result['allocations'])} "
-                        f"allocation(s), {format_size(result['bytes'])} in "
-                        f"{result['seconds']:.2f} s, {_rate(result)}: "
-                        f"{result['damaged']} degraded, {result['failed']} failed")
+                output.error(_naming(r["path"], r["message"]))
+        if not quiet or codes or result["damaged"]:
+            output.data(_restore_summary(result))
     if result["damaged"]:
         return UNCORRECTABLE
-    return max((f.code for f in failures), default=OK)
+    return max(codes, default=OK)
+
+
+def _naming(path: str, message: str) -> str:
+    """An allocation's error, naming it once (most messages name it already)."""
+    return message if f"'{path}'" in message else f"'{path}': {message}"
+
+
+def _restore_summary(result: dict) -> str:
+    """Only what was moved is counted: a failed allocation has no size or rate here."""
+    done = sum(1 for r in result["allocations"] if r["result"] in ("ok", "degraded"))
+    moved = format_size(result["bytes"])
+    timing = f"{moved} in {result['seconds']:.2f} s, {_rate(result)}" if result["bytes"] \
+        else "nothing moved"
+    passed = f", {len(result['passed_over'])} snapshot(s) passed over" \
+        if result["passed_over"] else ""
+    return (f"restore {result['location']}: {done} of {len(result['allocations'])} "
+            f"allocation(s) restored, {timing}: {result['damaged']} degraded, "
+            f"{result['failed']} failed{passed}")
 
 
 def _ranges(ranges: list) -> str:
@@ -154,14 +193,15 @@ def _ranges(ranges: list) -> str:
 
 @snapshot_app.command("verify")
 @run_body
-def verify(src: SrcArg, quiet: QuietOpt = False, json_: JsonOpt = False):
-    """Check every snapshot in a store (or the one named): manifests and every block.
-    Exit 0 clean, 8 damaged (named)."""
+def verify(src: SrcArg, trust_uid: TrustOpt = None, quiet: QuietOpt = False,
+           json_: JsonOpt = False):
+    """Check every snapshot in a store (or the one named) that you trust: manifests and
+    every block. Exit 0 clean, 8 damaged (named), 6 one was not checked (not trusted)."""
     from .snapshots import engine
     meter = _meter("verify", quiet)
     started = time.monotonic()
     try:
-        result = engine.verify(src, progress=meter)
+        result = engine.verify(src, progress=meter, trust_uids=_trusted(trust_uid))
     finally:
         meter.finish()
     bad = result["damaged"]
@@ -182,21 +222,30 @@ def verify(src: SrcArg, quiet: QuietOpt = False, json_: JsonOpt = False):
             elif s["result"] == "partial":
                 output.data(f"{s['snapshot']}: partial (never completed; `gpumemctl "
                             "snapshot rm` removes it)")
-        if not quiet or bad:
+            elif s["result"] == "untrusted":
+                output.error(f"{s['snapshot']}: not checked: {s['problems'][0]['message']}")
+        untrusted = f", {result['untrusted']} not trusted" if result["untrusted"] else ""
+        if not quiet or bad or untrusted:
             output.data(f"verify {src}: {len(result['snapshots'])} snapshot(s), {bad} "
-                        "damaged")
-    return UNCORRECTABLE if bad else OK
+                        f"damaged{untrusted}")
+    if bad:
+        return UNCORRECTABLE
+    return PERMISSION if result["untrusted"] else OK
 
 
 @snapshot_app.command("ls")
 @run_body
-def ls(src: WhereArg, json_: JsonOpt = False):
-    """List the snapshots in a store: complete, partial or damaged."""
+def ls(src: WhereArg, trust_uid: TrustOpt = None, json_: JsonOpt = False):
+    """List the snapshots in a store: complete, untrusted (a restore passes it over),
+    partial, in progress, damaged or retired, and who owns each."""
     from .snapshots import engine
-    rows = engine.list_snapshots(src)
+    rows = engine.list_snapshots(src, trust_uids=_trusted(trust_uid))
     if want_json(json_):
         output.emit_json(rows)
         return OK
+    for r in rows:
+        if r.get("message") or r.get("distrust"):
+            output.warning(f"{r['snapshot']}: {r.get('message') or r['distrust']}")
     table = []
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r["created_ns"] / 1e9)) \
@@ -205,9 +254,10 @@ def ls(src: WhereArg, json_: JsonOpt = False):
                       str(r.get("allocations", "-")),
                       format_size(r["bytes"]) if "bytes" in r else "-",
                       format_size(r["bytes_written"]) if "bytes_written" in r else "-",
-                      r.get("parent") or "-"])
+                      r.get("parent") or "-",
+                      "-" if r.get("owner") is None else str(r["owner"])])
     output.table(table, ["SNAPSHOT", "STATE", "CREATED (UTC)", "ALLOCS", "SIZE", "WRITTEN",
-                         "PARENT"], right={3, 4, 5})
+                         "PARENT", "OWNER"], right={3, 4, 5})
     return OK
 
 
@@ -215,18 +265,21 @@ def ls(src: WhereArg, json_: JsonOpt = False):
 @run_body
 def rm(src: SrcArg,
        keep: Annotated[int | None, typer.Option(
-           "--keep", min=0, help="Keep the newest N complete snapshots; remove the rest and "
-                                 "every partial one.")] = None,
-       json_: JsonOpt = False):
-    """Remove one snapshot (STORE/snap-...), or all but the newest N (--keep N). Data a kept
-    incremental snapshot refers to stays."""
+           "--keep", min=0, help="Keep the newest N complete snapshots you trust; remove "
+                                 "the rest of yours and every partial one.")] = None,
+       trust_uid: TrustOpt = None, json_: JsonOpt = False):
+    """Remove one snapshot (STORE/snap-...), or all but the newest N (--keep N); others'
+    snapshots are left alone. Data a kept incremental snapshot refers to stays."""
     from .snapshots import engine
-    result = engine.remove(src, keep)
+    result = engine.remove(src, keep, trust_uids=_trusted(trust_uid))
     if want_json(json_):
         output.emit_json(result)
     else:
         for name in result["removed"]:
             output.data(f"removed {name}")
+        if result["left_alone"]:
+            output.warning("left alone, not yours to remove: " + ", ".join(
+                f"{o['snapshot']} (uid {o['owner']})" for o in result["left_alone"]))
         if result["objects_kept_for_newer"]:
             output.note(f"kept {result['objects_kept_for_newer']} data object(s) that newer "
                         "snapshots refer to")

@@ -67,7 +67,10 @@ def use_kvikio(memory, store) -> bool:
     return mode == "kvikio" or gds_available()
 
 
-def io_kind(kvikio_used: bool) -> str:
+def io_kind(store, kvikio_used: bool = False) -> str:
+    """What moved the data: `s3`, `gds` (cuFile) or `posix` (docs/snapshots.md)."""
+    if store.kind == "s3":
+        return "s3"
     return "gds" if kvikio_used and gds_available() else "posix"
 
 
@@ -80,14 +83,21 @@ class DeviceSpan:
 
 
 class DeviceWriter:
-    """A data object written from device memory by KvikIO, in order; committed as the
-    staged writer's are (fsync, then rename into place)."""
+    """A data object written from device memory by KvikIO, in order. The file is the store's
+    (a DirWriter: made with O_EXCL under a temporary name, by directory descriptor) and
+    KvikIO opens it through /proc/self/fd, never through its name in the store; committed
+    as the staged writer's are (fsync, then rename into place)."""
 
-    def __init__(self, path: str, device: int):
+    def __init__(self, store, key: str, device: int):
         from .. import cudadrv
         self.cu, self.device = cudadrv, device
-        self.path, self.tmp = path, path + ".partial"
-        self.f = _kvikio().CuFile(self.tmp, "w")
+        self.file = store.writer(key)
+        self.where = store.where(key)
+        try:
+            self.f = _kvikio().CuFile(self.file.proc_path, "w")
+        except BaseException:
+            self.file.abort()
+            raise
         self.offset = 0
 
     def write_device(self, ptr: int, n: int) -> int:
@@ -95,30 +105,23 @@ class DeviceWriter:
         with self.cu.context(self.device):
             done = self.f.pwrite(DeviceSpan(ptr, n), n, at).get()
         if done != n:
-            raise OSError(f"KvikIO wrote {done} of {n} bytes to {self.tmp}")
+            raise OSError(f"KvikIO wrote {done} of {n} bytes to {self.where}")
         self.offset += n
         return at
 
     def commit(self) -> None:
-        fd = os.open(self.tmp, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            self.f.close()
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(self.tmp, self.path)
+        self.f.close()
+        self.file.commit()
 
     def abort(self) -> None:
         if not self.f.closed:
             self.f.close()
-        try:
-            os.unlink(self.tmp)
-        except OSError:
-            pass
+        self.file.abort()
 
 
 def read_device(path: str, device: int, ptr: int, n: int, offset: int) -> int:
-    """Read `n` bytes of the file at `offset` into device memory; returns the bytes read."""
+    """Read `n` bytes of the file at `offset` into device memory; returns the bytes read.
+    `path`: the /proc/self/fd path of a reader the store opened and checked (DirReader)."""
     from .. import cudadrv
     with cudadrv.context(device), _kvikio().CuFile(path, "r") as f:
         return f.pread(DeviceSpan(ptr, n), n, offset).get()

@@ -39,7 +39,8 @@ HASH = "xxh3-128"
 MANIFEST = "manifest.json"
 LOCK = "lock.json"
 RETIRED = "retired.json"              # a removed snapshot whose data newer ones still use
-MAX_MANIFEST = 1 << 30                # a manifest larger than this is not one of ours
+MAX_MANIFEST = 256 << 20              # a manifest larger than this is not one of ours (7 TiB
+                                      # of data in 1 MiB blocks is 250 MB of manifest)
 
 NAME_RE = re.compile(r"snap-\d{8}T\d{6}\.\d{6}Z-[0-9a-f]{6}")
 KEY_RE = re.compile(r"(snap-\d{8}T\d{6}\.\d{6}Z-[0-9a-f]{6})/data/(\d{1,9})\.bin")
@@ -136,13 +137,15 @@ def _check(manifest: dict) -> None:
         what = f"allocation {i}"
         _need(entry, dict, what)
         path = _need(entry["path"], str, f"{what} path")
-        if path in seen or not path or path.startswith("/"):
-            raise ValueError(f"{what} path {path!r} (empty, absolute or twice)")
+        if path in seen or any(p in ("", ".", "..") for p in path.split("/")) \
+                or "\x00" in path:
+            raise ValueError(f"{what} path {path!r} (empty, absolute, '.', '..' or twice)")
         seen.add(path)
         size = _need(entry["size"], int, f"{what} size")
         for key in ("mode", "uid", "gid"):
             _need(entry[key], int, f"{what} {key}")
         _need(entry["durable"], bool, f"{what} durable")
+        _check_names(entry.get("names", []), path, what)
         if entry["ecc"] not in ("rs", "none"):
             raise ValueError(f"{what} ecc {entry['ecc']!r}")
         blocks = _need(entry["blocks"], list, f"{what} blocks")
@@ -151,6 +154,16 @@ def _check(manifest: dict) -> None:
         if not all(isinstance(b, str) and HEX_RE.fullmatch(b) for b in blocks):
             raise ValueError(f"{what} has a block checksum that is not 32 hex digits")
         _check_extents(entry, len(blocks), what)
+
+
+def _check_names(names, path: str, what: str) -> None:
+    """Further hard-link names: relative names of allocations, as a path is (a restore
+    makes them, under --as PREFIX too, so none may climb out with '..')."""
+    for name in _need(names, list, f"{what} names"):
+        parts = _need(name, str, f"{what} name").split("/")
+        if name == path or "\x00" in name or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"{what} name {name!r} (empty, absolute, '.', '..' or the "
+                             "path itself)")
 
 
 def _check_extents(entry: dict, nblocks: int, what: str) -> None:

@@ -298,6 +298,25 @@ class S3Store:
     def _errors(self, what: str) -> _Errors:
         return _Errors(self, what)
 
+    def close(self) -> None:
+        """Nothing held open between requests."""
+
+    def __enter__(self) -> S3Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def owner(self, name: str) -> int | None:
+        """S3 objects have no owning uid: the bucket's write access is the trust."""
+        return None
+
+    def exists(self, key: str) -> bool:
+        return self.object_size(key) is not None
+
+    def confirm(self, snapshot: str) -> None:
+        """Nothing to confirm: an object's key cannot be swapped for a link."""
+
     def where(self, key: str = "") -> str:
         base = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         return f"{base}/{key}" if key else self.location
@@ -311,8 +330,9 @@ class S3Store:
     def begin(self, snapshot: str) -> None:
         """Nothing to create: S3 has no directories."""
 
-    def read(self, key: str, limit: int) -> bytes | None:
-        """The whole object (at most limit+1 bytes of it), or None where there is none."""
+    def read(self, key: str, limit: int, trust=None) -> bytes | None:
+        """The whole object (at most limit+1 bytes of it), or None where there is none.
+        `trust` is a directory store's: an object has no owner to check."""
         with self._errors(f"cannot read {self.where(key)}"):
             try:
                 return bytes(obstore.get_range(self._s, key, start=0, length=limit + 1))
@@ -337,7 +357,7 @@ class S3Store:
         with self._errors(f"cannot write {self.where(key)}"):
             return S3Writer(self, key)
 
-    def reader(self, key: str) -> S3Reader:
+    def reader(self, key: str, trust=None) -> S3Reader:
         return S3Reader(self, key)
 
     def delete(self, key: str) -> None:
