@@ -188,7 +188,9 @@ def _count(low: int, high: int) -> Callable[[Any], int]:
 
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_UID = 256
+DEFAULT_MAX_CONNECTION_RATE_PER_UID = 1000    # connections a second
 DEFAULT_MAX_NAMES_PER_UID = 100_000
+DEFAULT_MAX_FD_SHARE_PER_UID = 50      # percent of the descriptors for allocations
 DEFAULT_MAX_HANDLES_PER_UID = 4096
 DEFAULT_FD_STORE_MAX = 4096         # FileDescriptorStoreMax= of systemd/gpumemd.service
 
@@ -237,6 +239,10 @@ KEYS: tuple[Key, ...] = (
     Key("max_connections_per_uid", "integer", str(DEFAULT_MAX_CONNECTIONS_PER_UID),
         "client connections one uid may hold open at once; root and the daemon's own uid "
         "are not limited by it", _count(1, 1 << 20)),
+    Key("max_connection_rate_per_uid", "integer", str(DEFAULT_MAX_CONNECTION_RATE_PER_UID),
+        "new client connections of one uid served a second (max_connections_per_uid at "
+        "once); one past it waits its turn, counted among the uid's connections; root and "
+        "the daemon's own uid never wait", _count(1, 1 << 20)),
     Key("max_names_per_uid", "integer", f"{DEFAULT_MAX_NAMES_PER_UID}",
         "allocations and directories one uid may own; root and the daemon's own uid are "
         "not limited by it", _count(1, 1 << 32)),
@@ -244,6 +250,10 @@ KEYS: tuple[Key, ...] = (
         "open handles, attachments and leases one uid may hold at once (files open on the "
         "mount are not counted); root and the daemon's own uid are not limited by it",
         _count(1, 1 << 32)),
+    Key("max_fd_share_per_uid", "integer", str(DEFAULT_MAX_FD_SHARE_PER_UID),
+        "percent of the file descriptors gpumemd's open-file limit leaves for allocations "
+        "that one uid's allocations may hold (each holds 1, 2 with ECC); root and the "
+        "daemon's own uid are bound only by the total", _count(1, 100)),
     Key("admin_group", "string", '"" (none)',
         "a group (name or gid) whose members may start and stop scrubs and recover other "
         "users' allocations, as root and the daemon's own uid may", _group),
@@ -301,6 +311,8 @@ class Config:
     event_log_size: int | None = None
     max_connections: int | None = None
     max_connections_per_uid: int | None = None
+    max_connection_rate_per_uid: int | None = None
+    max_fd_share_per_uid: int | None = None
     max_names_per_uid: int | None = None
     max_handles_per_uid: int | None = None
     admin_group: int | None = None
@@ -419,6 +431,9 @@ def apply(args, config: Config) -> None:
     args.max_connections = config.max_connections or DEFAULT_MAX_CONNECTIONS
     args.max_connections_per_uid = (config.max_connections_per_uid
                                     or DEFAULT_MAX_CONNECTIONS_PER_UID)
+    args.max_connection_rate_per_uid = (config.max_connection_rate_per_uid
+                                        or DEFAULT_MAX_CONNECTION_RATE_PER_UID)
+    args.max_fd_share_per_uid = config.max_fd_share_per_uid or DEFAULT_MAX_FD_SHARE_PER_UID
     args.max_names_per_uid = config.max_names_per_uid or DEFAULT_MAX_NAMES_PER_UID
     args.max_handles_per_uid = config.max_handles_per_uid or DEFAULT_MAX_HANDLES_PER_UID
     args.fd_store_max = config.fd_store_max or DEFAULT_FD_STORE_MAX

@@ -10,7 +10,8 @@ must start fast. Run as `python -m daemon.keeper --socket PATH [--detach]`.
 It serves the frame protocol of gpumemctl.protocol.framing on its own Unix socket, and only to
 peers of its own uid (SO_PEERCRED). Requests (`op`):
   hello                    -> {pid, held}
-  deposit {key, meta} +fds -> {} (replaces what was kept under key)
+  deposit {key, meta} +fds -> {} (replaces what was kept under key); refused with code 7
+                              when the fds would pass its open-file limit, less KEEPER_SPARE
   withdraw {key}           -> {found}; the fds are closed, the memory freed if nobody else holds it
   list                     -> {keys: [{key, nfds, meta}]}
   fetch                    -> one frame per key, {key, meta} + its fds, then {done, count}
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -39,9 +41,16 @@ import time
 
 from gpumemctl.protocol import framing  # standard library only
 
+from .fdbudget import raise_open_file_limit  # standard library only
 from .paths import file_id, replace_file  # standard library only
 
 POLL_SECONDS = 2.0
+# Descriptors the keeper keeps for itself under its open-file limit: stdio, its log, its
+# socket and the daemon's connections, and room for the fds of a frame (at most
+# framing.MAX_FDS_PER_FRAME) to arrive: a deposit past the rest is refused, never met with
+# EMFILE, which would cut the fds off the frame and the connection with them.
+KEEPER_SPARE = 32
+NO_ROOM = 7              # the protocol's "no memory" code: keeper_link.py raises KeeperFull
 
 
 def log(message: str) -> None:
@@ -101,6 +110,7 @@ class Keeper:
         self.path = path
         self.ident = ident               # (st_dev, st_ino) of our socket file
         self.kept: dict[str, tuple[list[int], dict]] = {}
+        self.held_fds = 0                  # of all that is kept
         self.sel = selectors.DefaultSelector()
         self.running = True
 
@@ -108,22 +118,14 @@ class Keeper:
     def handle(self, conn: socket.socket, msg: dict, fds: list[int]) -> None:
         op, rid = msg.get("op"), msg.get("id")
         if op == "deposit":
-            key = str(msg["key"])
-            old = self.kept.pop(key, None)
-            if old:
-                framing.close_fds(old[0])
-            self.kept[key] = (fds, msg.get("meta") or {})
-            return framing.send_frame(conn, {"id": rid, "ok": True, "result": {}})
+            return self.deposit(conn, rid, str(msg["key"]), fds, msg.get("meta") or {})
         framing.close_fds(fds)  # only deposit carries fds
         result: dict[str, object]
         if op == "hello":
             result = {"pid": os.getpid(), "held": len(self.kept),
-                      "fds": sum(len(f) for f, _ in self.kept.values())}
+                      "fds": self.held_fds}
         elif op == "withdraw":
-            old = self.kept.pop(str(msg["key"]), None)
-            if old:
-                framing.close_fds(old[0])
-            result = {"found": old is not None}
+            result = {"found": self.drop(str(msg["key"]))}
         elif op == "list":
             result = {"keys": [{"key": k, "nfds": len(f), "meta": m}
                                for k, (f, m) in self.kept.items()]}
@@ -140,6 +142,33 @@ class Keeper:
             return framing.send_frame(conn, {"id": rid, "ok": False, "error": {
                 "code": 2, "message": f"unknown keeper op {op!r}"}})
         framing.send_frame(conn, {"id": rid, "ok": True, "result": result})
+
+    def deposit(self, conn: socket.socket, rid, key: str, fds: list[int], meta: dict) -> None:
+        """Keep `fds` under `key` (replacing what it held), unless they would pass the
+        open-file limit (read each time: prlimit may change it), less KEEPER_SPARE."""
+        old = self.kept.get(key)
+        held = self.held_fds - (len(old[0]) if old else 0)
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if held + len(fds) > limit - KEEPER_SPARE:
+            framing.close_fds(fds)
+            return framing.send_frame(conn, {"id": rid, "ok": False, "error": {
+                "code": NO_ROOM, "message": f"the keeper holds {held} descriptors of durable "
+                f"memory and {len(fds)} more would pass its open-file limit {limit}, less "
+                f"the {KEEPER_SPARE} it keeps for itself; make some allocations transient "
+                f"or remove them, or raise its limit: prlimit --pid {os.getpid()} "
+                "--nofile=N:N"}})
+        self.drop(key)
+        self.kept[key] = (fds, meta)
+        self.held_fds += len(fds)
+        return framing.send_frame(conn, {"id": rid, "ok": True, "result": {}})
+
+    def drop(self, key: str) -> bool:
+        """Close what is kept under `key`; whether there was any."""
+        old = self.kept.pop(key, None)
+        if old:
+            framing.close_fds(old[0])
+            self.held_fds -= len(old[0])
+        return old is not None
 
     # ---- loop -------------------------------------------------------------------------
     def accept(self) -> None:
@@ -219,6 +248,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    raise_open_file_limit()       # every fd of durable memory is one of ours
     if not claim(args.socket):
         log(f"another keeper serves {args.socket}; leaving it to that one")
         return 0

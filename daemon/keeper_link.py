@@ -21,6 +21,7 @@ from typing import NoReturn
 from gpumemctl.protocol import framing
 
 from . import systemd
+from .keeper import NO_ROOM
 from .paths import open_own
 
 # A keeper answers a call in well under a millisecond. One that takes seconds is stopped
@@ -50,6 +51,12 @@ class FdStoreFull(Exception):
     """systemd's fd store has no room for a deposit: systemd would close the fds past
     FileDescriptorStoreMax= without a word, and the memory would not survive a restart.
     Nothing was sent."""
+
+
+class KeeperFull(KeeperGone, FdStoreFull):
+    """The keeper process refused a deposit: the fds would pass its open-file limit
+    (daemon/keeper.py, KEEPER_SPARE). Nothing new is kept under the key; it is a limit, as
+    FdStoreFull is, and the keeper is well."""
 
 
 class KeeperStalled(KeeperGone):
@@ -224,7 +231,10 @@ class ProcessKeeper:
                 self.sock.settimeout(CALL_TIMEOUT)
         framing.close_fds(extra)
         if not reply.get("ok"):
-            raise KeeperGone(f"keeper refused {op}: {reply.get('error')}")
+            error = reply.get("error") or {}
+            if error.get("code") == NO_ROOM:
+                raise KeeperFull(str(error.get("message")))
+            raise KeeperGone(f"keeper refused {op}: {error}")
         return reply["result"]
 
     def _stall(self, op: str) -> NoReturn:

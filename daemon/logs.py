@@ -5,7 +5,8 @@ or a bidi override): printed raw, it forges log lines or drives the terminal of 
 reads the log. So the formatter escapes each record's message whole, by the rule of
 gpumemctl/protocol/escape.py, and no call site has to remember to. A traceback keeps its line
 breaks (its frames are the daemon's own code) but the exception's message in it is escaped
-the same way.
+the same way. And each client's lines are within its budget (daemon/logbudget.py): the
+handler's filter leaves out what a client causes past its share.
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import time
 import traceback
 
 from gpumemctl.protocol.escape import escape
+
+from .logbudget import ClientLines
+from .permissions import administrative_uid
 
 # journald's priorities for Python's levels (sd-daemon(3): "<N>" prefixes on stderr lines).
 JOURNAL_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
@@ -101,9 +105,10 @@ def stderr_is_journal() -> bool:
     return (st.st_dev, st.st_ino) == (dev, ino)
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str) -> ClientLines:
     """One line per record on stderr. With a timestamp on a terminal or in a file; without,
-    and with priority prefixes, under journald.
+    and with priority prefixes, under journald. Returns the handler's filter that keeps
+    each client within its share of lines (daemon/logbudget.py).
 
     A record leaves out what no line shows: the caller's file and line (found by walking
     the stack for every record), the thread's and the process's names (logging's own
@@ -117,6 +122,9 @@ def setup_logging(level: str) -> None:
     else:
         handler.setFormatter(LineFormatter(
             "%(asctime)s gpumemd[%(process)d] %(levelname)s: %(message)s"))
+    lines = ClientLines(administrative_uid)
+    handler.addFilter(lines)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    return lines

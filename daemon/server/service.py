@@ -81,7 +81,9 @@ class Server:
                 if not await self._request(conn, session, msg, fds):
                     break
         except ProtocolError as exc:
-            log.warning("closing a connection: %s", exc)
+            # One line per broken connection, within its user's share (daemon/logbudget.py).
+            log.warning("closing a connection of uid %d (pid %d): %s", conn.cred.uid,
+                        conn.cred.pid, exc)
             await conn.fail_quietly(None, exc)
         except (EOFError, ConnectionError, trio.BrokenResourceError, OSError):
             pass

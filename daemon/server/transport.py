@@ -1,9 +1,10 @@
 """The socket transport: the listening socket, peer credentials, framed I/O on a connection.
 
 Nothing here knows an op. The listener accepts connections and starts one task per
-connection; a `Connection` reads request frames (at most framing.MAX_REQUEST_BYTES, at most
-framing.MAX_FDS_PER_FRAME fds: framing.py refuses more with a ProtocolError) and writes
-answers, errors and the extra frames of streams and progress (docs/protocol.md, "Frames").
+connection that ConnectionLimits admits; a `Connection` reads request frames (at
+most framing.MAX_REQUEST_BYTES, at most framing.MAX_FDS_PER_FRAME fds: framing.py refuses
+more with a ProtocolError) and writes answers, errors and the extra frames of streams and
+progress (docs/protocol.md, "Frames").
 """
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ import trio
 
 from gpumemctl.protocol import Busy, GpumemError, ProtocolError, UsageError, framing
 
+from ..config import DEFAULT_MAX_CONNECTION_RATE_PER_UID
+from ..logbudget import acting_for
 from ..paths import bind_unix
 from ..permissions import Credentials, peer_groups
+from .limits import MinuteWarning, OpenRate, RefusalAnswers
 
 log = logging.getLogger("gpumemd")
 
@@ -30,12 +34,13 @@ SOCKET_MODE = 0o666
 # What a send to a peer that has gone away raises, mid-frame or before it.
 # (SendRefused is an OSError: a connection closed for the send limits reads as gone.)
 PEER_GONE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+PEERCRED_SIZE = struct.calcsize("3i")         # struct ucred: pid, uid, gid
 
 
 def peer_credentials(sock: trio.socket.SocketType) -> Credentials:
     """Who the peer was at connect(): pid, uid and gid (SO_PEERCRED) and its supplementary
     groups (SO_PEERGROUPS), never what /proc says of that pid later (daemon/permissions.py)."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED_SIZE)
     pid, uid, gid = struct.unpack("3i", raw)
     return Credentials(pid=pid, uid=uid, gid=gid, groups=peer_groups(sock, pid))
 
@@ -44,13 +49,18 @@ def peer_credentials(sock: trio.socket.SocketType) -> Credentials:
 OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 BACKOFF_FIRST, BACKOFF_MAX = 0.01, 1.0
 # A refused connection hears why (one error frame) if it asks within this long; at most
-# REFUSING of them wait at once, the rest are closed at once.
+# REFUSING of them wait at once, and RefusalAnswers of each uid (limits.py); the rest are
+# closed at once.
 REFUSAL_WAIT, REFUSING = 1.0, 64
-# Of the open-file limit, kept for everything but connections: allocations' fds in flight,
-# the registry, the keeper, the mount, NVML, worker threads.
-FDS_KEPT = 512
-# Connections root and the daemon's uid may open past max_connections.
-PRIVILEGED_EXTRA = 32
+# The listen queue's length, and how many connections are taken off it at a time before the
+# other tasks run again. While more than CHURN_DROPS connections a second are refused
+# unanswered (a user connecting and hanging up in a loop), the queue is CHURN_BACKLOG long,
+# so that a connect() waits behind that many at most; CALM_SECONDS after the last such
+# second it is BACKLOG again, where a burst of clients queues without waiting in connect()
+# (Acceptor; bench/churn.py measured these: root's p99 went from 234 ms to 9 ms).
+BACKLOG = socket.SOMAXCONN
+ACCEPT_BATCH = 16
+CHURN_BACKLOG, CHURN_DROPS, CALM_SECONDS = 128, 256, 10.0
 # What gpumemd sends (docs/protocol.md, "Limits"): an answer's JSON is at most
 # MAX_ANSWER_BYTES (a larger one is answered with a usage error that says so); the frames
 # one user's connections have not yet taken are at most SEND_BUDGET_PER_UID bytes together
@@ -60,21 +70,28 @@ PRIVILEGED_EXTRA = 32
 MAX_ANSWER_BYTES = 64 << 20
 SEND_BUDGET_PER_UID = 32 << 20
 SEND_STALL_SECONDS = 60.0
+# Connections root and the daemon's uid may open past max_connections.
+PRIVILEGED_EXTRA = 32
 
 
 class ConnectionLimits:
     """Who may hold how many connections (docs/security.md): `per_uid` for each user but
-    root and the daemon's own uid, `total` for all together, with PRIVILEGED_EXTRA more for
-    those two, so that a flood by one user never locks the administrator out."""
+    root and the daemon's own uid, `total` for all together (what the open-file limit
+    leaves them, daemon/fdbudget.py), with PRIVILEGED_EXTRA more for those two, so that a
+    flood by one user never locks the administrator out. And how fast: each of those users'
+    connections are served at most `rate_per_uid` a second (`per_uid` at once; OpenRate), so
+    that one opening and closing them in a loop costs the daemon little more than the
+    accept() of each."""
 
-    def __init__(self, total: int, per_uid: int, fd_limit: int | None = None):
-        if fd_limit is not None:
-            total = max(16, min(total, fd_limit - FDS_KEPT - PRIVILEGED_EXTRA))
-        self.total, self.per_uid = total, per_uid
+    def __init__(self, total: int, per_uid: int,
+                 rate_per_uid: int = DEFAULT_MAX_CONNECTION_RATE_PER_UID):
+        self.total, self.per_uid, self.rate_per_uid = total, per_uid, rate_per_uid
         self.open: dict[int, int] = {}
         self.count = 0
         self.refusing = 0
         self._refusals, self._cuts = MinuteWarning(), MinuteWarning()
+        self._answers = RefusalAnswers(lambda uid: False)
+        self._opened = OpenRate(per_uid, rate_per_uid)
         self.unsent: dict[int, int] = {}    # uid: bytes of frames its peers have not taken
 
     @staticmethod
@@ -105,6 +122,18 @@ class ConnectionLimits:
         else:
             del self.open[uid]
 
+    async def pace(self, uid: int) -> None:
+        """Wait for `uid`'s turn to open a connection (OpenRate); root and the daemon's uid
+        never wait."""
+        if not self.privileged(uid):
+            delay = self._opened.delay(uid)
+            if delay:
+                await trio.sleep(delay)
+
+    def may_answer(self, uid: int) -> bool:
+        """Whether a refused connection of `uid` is told why (else it is closed at once)."""
+        return self.refusing < REFUSING and self._answers.take(uid)
+
     def note_refused(self, uid: int, why: GpumemError) -> None:
         self._refusals.happened("refused %d connection(s) in the last minute; the last one of "
                             "uid %d: %s", uid, why.message)
@@ -132,21 +161,6 @@ class ConnectionLimits:
                         "the last one of uid %d, with %d bytes unread", uid, unsent)
 
 
-class MinuteWarning:
-    """A warning logged at most once a minute, with how often it happened meanwhile: a
-    flood must not flood the log too. The format's first %d is that count."""
-
-    def __init__(self) -> None:
-        self.count, self._logged = 0, -float("inf")
-
-    def happened(self, fmt: str, *args: Any) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if now - self._logged >= 60:
-            log.warning(fmt, self.count, *args)
-            self._logged, self.count = now, 0
-
-
 class SendRefused(ConnectionError):
     """A frame this connection may not send (past its user's send budget, or the peer took
     nothing for SEND_STALL_SECONDS): the connection is closed, as for a peer gone."""
@@ -156,65 +170,153 @@ async def listen(socket_path: str,
                  on_connection: Callable[[Connection], Awaitable[None]],
                  limits: ConnectionLimits, *,
                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Accept connections on `socket_path` for ever, each handled by its own task. A
-    failing accept() (out of fds or memory) waits and goes on: it never ends the loop."""
+    """Accept connections on `socket_path` for ever, each admitted one handled by its own
+    task (Acceptor). A failing accept() (out of fds or memory) waits and goes on: it never
+    ends the loop."""
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     bind_unix(raw, socket_path, SOCKET_MODE)      # no chmod by path: paths.bind_unix says why
-    listener = trio.socket.from_stdlib_socket(raw)
-    listener.listen(socket.SOMAXCONN)
-    backoff, starved_since = BACKOFF_FIRST, None
-    async with trio.open_nursery() as nursery:
-        task_status.started()
+    raw.setblocking(False)
+    raw.listen(BACKLOG)
+    with raw:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            await Acceptor(raw, socket_path, on_connection, limits).run(nursery)
+
+
+class Acceptor:
+    """Takes connections off the listen queue as fast as it can: a connection's place in
+    the queue is all that its connect() waits for, and the queue is first come, first
+    served, whoever connects. So one user connecting and hanging up in a loop past its cap
+    would make everyone, root included, wait behind each of its connections (issue 24).
+    Here a refused connection costs an accept(), SO_PEERCRED and a close(): no task, no
+    Connection, no SO_PEERGROUPS; only the first few a minute of each uid hear why
+    (RefusalAnswers). The queue is drained ACCEPT_BATCH at a time between turns of the
+    other tasks."""
+
+    def __init__(self, listener: socket.socket, path: str,
+                 on_connection: Callable[[Connection], Awaitable[None]],
+                 limits: ConnectionLimits):
+        self.listener, self.path = listener, path
+        self.on_connection, self.limits = on_connection, limits
+        self.backoff = BACKOFF_FIRST
+        self.starved_since: float | None = None
+        self.backlog = BACKLOG
+        self._second, self._drops = 0.0, 0      # refusals closed unanswered this second
+        self._churn_seen = -CALM_SECONDS
+
+    async def run(self, nursery: trio.Nursery) -> None:
         while True:
+            await trio.lowlevel.wait_readable(self.listener)
+            pause = self.take_batch(nursery)
+            if self.backlog != BACKLOG and \
+                    time.monotonic() - self._churn_seen >= CALM_SECONDS:
+                self._set_backlog(BACKLOG)
+            if pause:
+                await trio.sleep(pause)
+
+    def take_batch(self, nursery: trio.Nursery) -> float:
+        """Accept what is queued (at most ACCEPT_BATCH); the pause before trying again
+        when accept() fails for want of descriptors, else 0."""
+        for _ in range(ACCEPT_BATCH):
             try:
-                sock, _ = await listener.accept()
+                sock, _ = self.listener.accept()
+            except BlockingIOError:
+                break
             except OSError as exc:
-                if exc.errno not in OUT_OF_RESOURCES:
-                    log.warning("accept() on %s failed: %s; going on", socket_path, exc)
-                    continue
-                if starved_since is None:
-                    starved_since = time.monotonic()
-                    log.error("accept() on %s failed: %s; new connections wait until "
-                              "descriptors are free (max_connections: docs/config.md)",
-                              socket_path, exc)
-                await trio.sleep(backoff)
-                backoff = min(BACKOFF_MAX, backoff * 2)
-                continue
-            if starved_since is not None:
+                return self.starved(exc)
+            if self.starved_since is not None:
                 log.warning("accepting connections again after %.1f s",
-                            time.monotonic() - starved_since)
-                backoff, starved_since = BACKOFF_FIRST, None
-            nursery.start_soon(_admitted, sock, on_connection, limits)
+                            time.monotonic() - self.starved_since)
+                self.backoff, self.starved_since = BACKOFF_FIRST, None
+            self.sort(sock, nursery)
+        return 0.0
+
+    def starved(self, exc: OSError) -> float:
+        if exc.errno not in OUT_OF_RESOURCES:
+            log.warning("accept() on %s failed: %s; going on", self.path, exc)
+            return 0.0
+        if self.starved_since is None:
+            self.starved_since = time.monotonic()
+            log.error("accept() on %s failed: %s; new connections wait until descriptors "
+                      "are free (max_connections: docs/config.md)", self.path, exc)
+        pause, self.backoff = self.backoff, min(BACKOFF_MAX, self.backoff * 2)
+        return pause
+
+    def sort(self, sock: socket.socket, nursery: trio.Nursery) -> None:
+        """Serve the connection, refuse it with one `busy` frame, or just close it."""
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED_SIZE)
+        except OSError:                 # gone before we looked at it
+            sock.close()
+            return
+        pid, uid, gid = struct.unpack("3i", raw)
+        refusal = self.limits.admit(uid)
+        if refusal is None:
+            nursery.start_soon(_admitted, sock, (pid, uid, gid), self.on_connection,
+                               self.limits)
+            return
+        self.limits.note_refused(uid, refusal)
+        if self.limits.may_answer(uid):
+            self.limits.refusing += 1       # counted now: the task starts later
+            nursery.start_soon(_refuse, sock, Credentials(pid, uid, gid), refusal,
+                               self.limits)
+        else:
+            sock.close()
+            self._dropped()
+
+    def _dropped(self) -> None:
+        """A refused connection was closed unanswered; many a second shorten the queue."""
+        now = time.monotonic()
+        if now - self._second >= 1.0:
+            self._second, self._drops = now, 0
+        self._drops += 1
+        if self._drops >= CHURN_DROPS:
+            self._churn_seen = now
+            if self.backlog != CHURN_BACKLOG:
+                self._set_backlog(CHURN_BACKLOG)
+
+    def _set_backlog(self, length: int) -> None:
+        """listen() again: a listening socket takes a new queue length so."""
+        self.listener.listen(length)
+        self.backlog = length
+        if length == CHURN_BACKLOG:
+            log.info("more than %d connections a second refused: the listen queue is %d "
+                     "long until they stop", CHURN_DROPS, length)
+        else:
+            log.info("connections are no longer refused in bulk: the listen queue is %d "
+                     "long again", length)
 
 
-async def _admitted(sock: trio.socket.SocketType,
+async def _admitted(raw: socket.socket, ids: tuple[int, int, int],
                     on_connection: Callable[[Connection], Awaitable[None]],
                     limits: ConnectionLimits) -> None:
-    """Count the connection in (or refuse it with one Busy frame), serve it, count it out."""
+    """Serve an admitted connection, its lines counted as its user's (daemon/logbudget.py),
+    then count it out."""
+    pid, uid, gid = ids
     try:
-        conn = Connection(sock, limits)
-    except OSError:                     # gone before we looked at it
-        sock.close()
-        return
-    refusal = limits.admit(conn.cred.uid)
-    if refusal is not None:
-        limits.note_refused(conn.cred.uid, refusal)
-        await _refuse(conn, refusal, limits)
-        return
-    try:
-        await on_connection(conn)
+        with acting_for(uid):
+            try:
+                await limits.pace(uid)
+                sock = trio.socket.from_stdlib_socket(raw)
+                conn = Connection(sock, limits,
+                                  Credentials(pid, uid, gid, peer_groups(sock, pid)))
+            except OSError:             # gone before we looked at it
+                raw.close()
+                return
+            except BaseException:       # the daemon stops while it waits its turn
+                raw.close()
+                raise
+            await on_connection(conn)
     finally:
-        limits.release(conn.cred.uid)
+        limits.release(uid)
 
 
-async def _refuse(conn: Connection, why: GpumemError, limits: ConnectionLimits) -> None:
+async def _refuse(raw: socket.socket, cred: Credentials, why: GpumemError,
+                  limits: ConnectionLimits) -> None:
     """Answer the hello (if it comes soon) with the refusal, then hang up."""
-    if limits.refusing >= REFUSING:
-        conn.close()
-        return
-    limits.refusing += 1
+    conn = Connection(trio.socket.from_stdlib_socket(raw), limits, cred)
     try:
-        with trio.move_on_after(REFUSAL_WAIT):
+        with acting_for(cred.uid), trio.move_on_after(REFUSAL_WAIT):
             msg, fds = await conn.receive()
             framing.close_fds(fds)
             await conn.fail(msg.get("id"), why)
@@ -229,10 +331,11 @@ class Connection:
     """One client's socket: its credentials, and frames in and out within the send limits
     (MAX_ANSWER_BYTES, SEND_BUDGET_PER_UID, SEND_STALL_SECONDS)."""
 
-    def __init__(self, sock: trio.socket.SocketType, limits: ConnectionLimits):
+    def __init__(self, sock: trio.socket.SocketType, limits: ConnectionLimits,
+                 cred: Credentials | None = None):
         self.sock = sock
         self.limits = limits
-        self.cred = peer_credentials(sock)
+        self.cred = cred or peer_credentials(sock)
 
     async def receive(self) -> tuple[dict, list[int]]:
         """The next request frame and the fds that came with it (the caller closes them).
