@@ -211,6 +211,19 @@ def _fit(detail: dict) -> dict:
     return detail
 
 
+def visible_to(event: dict, uid: int, *, administrator: bool) -> bool:
+    """Whether a user other than root and the daemon's (who see every event) may see
+    `event`: their own; the daemon's own node-less ones (start, stop, keeper, scrub); and,
+    for a member of admin_group, every user's node-less ones too. A node-less event of a
+    user is a snapshot report: it names places in that user's store and tree, and one
+    user's thousands of them must not fill another's `events` (issue 24). Events about
+    a node stay with its user: paths in private directories must not leak through the log.
+    Registry.events_page asks the same in SQL."""
+    if event["uid"] == uid:
+        return True
+    return event["node"] is None and (event["uid"] is None or administrator)
+
+
 class LineBudget:
     """How many `event ...` log lines each user's events may write: LINES_BURST at once,
     then LINES_PER_SECOND (a token bucket per uid). Past it a user's lines are counted, not

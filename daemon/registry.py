@@ -773,17 +773,18 @@ class Registry:
         return self.events_page(since, limit, path, uid)[0]
 
     def events_page(self, since: int = 0, limit: int = 100, path: str | None = None,
-                    uid: int | None = None, max_bytes: int | None = None
-                    ) -> tuple[list[dict], bool]:
+                    uid: int | None = None, max_bytes: int | None = None,
+                    administrator: bool = False) -> tuple[list[dict], bool]:
         """events(), and with `max_bytes` only the newest that fit in that many bytes of
         detail and path text (the newest one always), so that one answer stays bounded
         however large the log (docs/protocol.md, "Limits"). Also says whether the page is
-        complete: False when older events were left out for want of bytes."""
+        complete: False when older events were left out for want of bytes. With `uid`, what
+        daemon/events.visible_to shows that user (`administrator`: a member of admin_group)."""
         where = "id > ?"
         args: list[int | bytes] = [since]
         if uid is not None:
-            where += " AND (uid = ? OR node IS NULL)"
-            args.append(uid)
+            where += " AND (uid = ? OR (node IS NULL AND (uid IS NULL OR ?)))"
+            args += [uid, int(administrator)]
         if path:
             # Compared as bytes: a path is TEXT or a BLOB (stored_name), and SQLite never
             # finds a TEXT equal to a BLOB; CAST gives a TEXT's UTF-8 bytes.

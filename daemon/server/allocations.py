@@ -11,9 +11,15 @@ from .call import Call, Reply, administrator, require_administrator
 
 
 async def ls(call: Call) -> Reply:
-    a = call.args
-    entries = call.manager.listdir(a["path"], call.session.cred, recursive=a["recursive"])
-    return {"entries": entries}, []
+    """With `limit` or `after`, one page and the `next` cursor (daemon/listing.py); without,
+    the whole listing in one answer, as older clients expect."""
+    a, cred = call.args, call.session.cred
+    if a["limit"] is None and a["after"] is None:
+        return {"entries": call.manager.listdir(a["path"], cred,
+                                                 recursive=a["recursive"])}, []
+    entries, next_page = call.manager.list_page(
+        a["path"], cred, recursive=a["recursive"], after=a["after"], limit=a["limit"])
+    return {"entries": entries, "next": next_page}, []
 
 
 async def info(call: Call) -> Reply:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumemctl.protocol import PermissionDenied
 
+from ..events import visible_to
 from ..nodes import Node
 from ..sessions import Session
 
@@ -58,10 +59,11 @@ def own_uid_unless_privileged(session: Session) -> int | None:
     return None if privileged(session) else session.cred.uid
 
 
-def event_visible(session: Session, event: dict) -> bool:
-    """Other users see their own events and daemon-wide ones: paths inside private
-    directories must not leak through the log."""
-    return privileged(session) or event["uid"] == session.cred.uid or event["node"] is None
+def event_visible(call: Call, event: dict) -> bool:
+    """Root and the daemon's user see every event; others what events.visible_to shows
+    them (their own, the daemon's, and for the administrator every user's reports)."""
+    return privileged(call.session) or visible_to(event, call.session.cred.uid,
+                                                  administrator=administrator(call))
 
 
 def node_visible(call: Call, node: Node) -> bool:

@@ -98,7 +98,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     # The handshake (service.py reads these two itself); a later `hello` is an error.
     Op("hello", (Arg("version", Kind.INT, what=f"the protocol version, {PROTOCOL_VERSION}"),
                  Arg("client", Kind.STR, "")), hello_again),
-    Op("ls", (path(""), flag("recursive")), allocations.ls),
+    # `limit` or `after` asks for one page and its `next` cursor (daemon/listing.py);
+    # without either, the whole listing comes in one answer, as older clients expect.
+    Op("ls", (path(""), flag("recursive"), Arg("after", Kind.STR, None,
+                                              what="the `next` of the previous page"),
+              Arg("limit", Kind.INT, None, clamp=(1, EVENTS_MAX_LIMIT))), allocations.ls),
     Op("info", (path(),), allocations.info),
     Op("create", (path(), Arg("size", Kind.INT, what="a size in bytes (an integer)"),
                   flag("durable"), Arg("mode", Kind.INT, FILE_MODE),

@@ -17,6 +17,7 @@ from .call import (
     Call,
     ProgressSend,
     Reply,
+    administrator,
     event_visible,
     node_visible,
     own_uid_unless_privileged,
@@ -34,9 +35,16 @@ EVENTS_ANSWER_BYTES = 4 << 20
 async def events(call: Call) -> Reply:
     a = call.args
     found, complete = call.manager.events(
-        since=a["since"], limit=a["limit"], path=a["path"],
-        uid=own_uid_unless_privileged(call.session), max_bytes=EVENTS_ANSWER_BYTES)
+        since=a["since"], limit=a["limit"], path=a["path"], max_bytes=EVENTS_ANSWER_BYTES,
+        **_whose_view(call))
     return {"events": found, "complete": complete}, []
+
+
+def _whose_view(call: Call) -> dict:
+    """The arguments of manager.events that limit it to what this session may see
+    (call.event_visible, in SQL)."""
+    return {"uid": own_uid_unless_privileged(call.session),
+            "administrator": administrator(call)}
 
 
 async def follow_events(call: Call, conn: Connection) -> None:
@@ -50,8 +58,8 @@ async def subscribe(call: Call, conn: Connection) -> None:
     event id, then events as they commit and coalesced `changed` frames."""
     since, manager = call.args["since"], call.manager
     backlog, complete = ([], True) if since is None else manager.events(
-        since=since, limit=call.args["limit"], uid=own_uid_unless_privileged(call.session),
-        max_bytes=EVENTS_ANSWER_BYTES)
+        since=since, limit=call.args["limit"], max_bytes=EVENTS_ANSWER_BYTES,
+        **_whose_view(call))
     answer = {"events": backlog, "complete": complete, "last_event": manager.last_event_id()}
     await stream(call, conn, answer, changes=True)
 
@@ -98,7 +106,7 @@ class _Outbox:
 
     def deliver(self, event: dict) -> None:
         """The manager's subscriber callback: an event has committed."""
-        if event_visible(self.call.session, event):
+        if event_visible(self.call, event):
             self._push(("event", event))
 
     def changed(self, node: Node) -> None:
