@@ -28,6 +28,7 @@ from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory, roun
 
 from .backends import Backend
 from .ecc.layout import BLOCK
+from .fdbudget import FdBudget, fds_for
 from .journal import Journal
 from .keeper_link import FdStoreFull, KeeperGone, KeeperStalled
 from .namespace import DAEMON, Namespace
@@ -73,6 +74,7 @@ class Custody:
         self.keeper = keeper
         self.ns = namespace
         self.parity = parity
+        self.fds: FdBudget | None = None      # gpumemd's descriptor budget (main.py sets it)
 
     # ---- start-up: what the keeper holds against what the registry lists -------------------
     def reconcile_at_start(self, orphans: str,
@@ -158,9 +160,16 @@ class Custody:
                 self._mark_lost(alloc, "the keeper holds no memory for it")
                 summary["lost"] += 1
 
+    def require_fds(self, uid: int | None, ecc: str) -> None:
+        """NoMemory unless the descriptors a new allocation of `uid` will hold fit gpumemd's
+        budget (daemon/fdbudget.py); uid None: only the total (root's doing, a restore)."""
+        if self.fds is not None:
+            self.fds.require(uid, fds_for(ecc))
+
     def allocate(self, dev, size: int, capacity: int, ecc: str, label: str):
         """Memory for a new allocation of `size`, once the device has room for its capacity
-        and its parity (NoMemory/ENOSPC otherwise)."""
+        and its parity (NoMemory/ENOSPC otherwise), and gpumemd descriptors for both."""
+        self.require_fds(None, ecc)
         self.backend.check_free(dev, capacity + self.parity.extra(ecc, dev, capacity),
                                 requested=size)
         return self.backend.allocate(capacity, dev.uuid, label=label)
@@ -177,16 +186,17 @@ class Custody:
         fds = self.backend.keeper_fds(alloc.buffer)
         if alloc.parity is not None:
             fds += self.backend.keeper_fds(alloc.parity)
-        return Deposit(alloc.id, f"make '{alloc.path}' durable", fds,
+        return Deposit(alloc.id, f"make '{alloc.path or alloc.name}' durable", fds,
                        {"capacity": alloc.capacity, "device": alloc.device,
                         "registry": self.registry.instance}, (alloc.buffer, alloc.parity))
 
-    def prepare(self, ids: list[int], name: str, cred, mode: int, size: int, dev,
-                capacity: int, ecc: str, label: str) -> Prepared:
+    def prepare(self, ids: list[int], cred, mode: int, size: int, dev, capacity: int,
+                ecc: str, label: str) -> Prepared:
         """Memory and parity for a durable allocation to be created under ids[-1] once the
-        keeper holds it (AllocationManager.prepare_create); ids[:-1] for its parents."""
+        keeper holds it (AllocationManager.prepare_create); ids[:-1] for its parents. Named
+        by `label`, the path asked for, while it is outside the tree (handover's errors)."""
         *dir_ids, node_id = ids
-        alloc = Allocation(id=node_id, name=name, parent=None, uid=cred.uid, gid=cred.gid,
+        alloc = Allocation(id=node_id, name=label, parent=None, uid=cred.uid, gid=cred.gid,
                            mode=mode, created_ns=0, modified_ns=0, changed_ns=0, size=size,
                            capacity=capacity, device=dev.uuid, durable=True, state="ready",
                            ecc=ecc, buffer=self.allocate(dev, size, capacity, ecc, label))
@@ -284,6 +294,7 @@ class Custody:
                           capacity: int, commit: Callable[[], None]) -> None:
         """Same order as create: allocate, deposit (durable), commit. A crash before the
         commit leaves the row pending and the keeper's copy an orphan the next start frees."""
+        self.require_fds(alloc.uid, alloc.ecc)
         self.backend.check_free(dev, capacity + self.parity.extra(alloc.ecc, dev, capacity),
                                 requested=size)
         alloc.buffer = self.backend.allocate(capacity, dev.uuid, label=alloc.path)

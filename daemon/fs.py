@@ -73,6 +73,7 @@ from . import fs_cache, offload, xattrs
 from .describe import describe
 from .errno_map import errno_for
 from .fs_cache import DATA, Invalidation, PageCache
+from .logbudget import CLIENT_UID
 from .manager import AllocationManager
 from .nodes import Allocation, Directory, Node, Special, Symlink
 from .permissions import Credentials, R, W, X, allowed, require, supplementary_groups
@@ -155,6 +156,10 @@ def handler(method):
     @functools.wraps(method)
     async def wrapper(self, *args):
         self._own_request = True
+        # The lines this request logs are its uid's (daemon/logbudget.py): FUSE passes the
+        # request context last. read, write and the handle ops take none: what they log is
+        # not counted against anyone (their refusals log nothing; a bug's traceback does).
+        client = CLIENT_UID.set(getattr(args[-1], "uid", None) if args else None)
         try:
             return method(self, *args)
         except pyfuse3.FUSEError:
@@ -166,6 +171,7 @@ def handler(method):
             log.exception("%s%r failed", method.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
+            CLIENT_UID.reset(client)
             self._own_request = False
     return wrapper
 
@@ -296,11 +302,13 @@ class Operations(pyfuse3.Operations):
     @staticmethod
     def _meta_text(node: Node, cred: Credentials | None = None) -> bytes:
         """What `gpumemctl info --json` prints for `cred`: the user metadata when it may
-        read the node, null when not. Without `cred` (the size in a stat, which is only
-        a guess: the file is read with direct I/O) it is left out."""
+        read the node, null when not, and the names it may search to. Without `cred` (the
+        size in a stat, which is only a guess: the file is read with direct I/O) both are
+        left out."""
         metadata = None if cred is None else allowed(node, cred, R)
-        return (json.dumps(describe(node, holders=True, metadata=metadata), indent=2)
-                + "\n").encode()
+        shown = describe(node, holders=True, metadata=metadata, names=cred is not None,
+                         cred=cred)
+        return (json.dumps(shown, indent=2) + "\n").encode()
 
     def _meta_attrs(self, node: Node) -> pyfuse3.EntryAttributes:
         a = self._attrs(node)

@@ -45,7 +45,6 @@ class HandleVerbs:
     sync: Callable[..., None]
     sync_job: Callable[[Allocation], ParityJob | None]
     read_at: Callable[..., bytes]
-    _commit_size: Callable[..., None]
     _protect_resized: Callable[..., None]
     _refills: dict
     abort_refill: Callable[..., None]
@@ -56,6 +55,7 @@ class HandleVerbs:
         if holder.alloc.unlinked:
             return None
         if holder.kind == "write":
+            self._let_go(holder.alloc)
             return self.integrity.job_all(holder.alloc)
         return self.sync_job(holder.alloc) if holder.kind == "mount-w" else None
 
@@ -76,7 +76,7 @@ class HandleVerbs:
         readers: a conflicting request is busy."""
         alloc, holder, fd = self._lock_and_export(path, cred, session, mode, HANDLE_KINDS,
                                                   "open")
-        return holder, fd, describe(alloc)
+        return holder, fd, describe(alloc, cred=cred)
 
     def attach(self, path: str, cred: Credentials, session: Session, mode: str):
         """Like open, for a client that maps the memory and keeps it mapped. Read-write
@@ -88,7 +88,7 @@ class HandleVerbs:
             self.integrity.unseal(alloc)
         # With its metadata: a tensor index read here is the one of the memory attached
         # (gpumemctl.tensors), whatever changes after. Attaching needs read permission.
-        return holder, fd, describe(alloc, holders=True, metadata=True)
+        return holder, fd, describe(alloc, holders=True, metadata=True, cred=cred)
 
     def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,
                          kinds: dict, what: str):
@@ -143,7 +143,10 @@ class HandleVerbs:
     def detach_job(self, session: Session, holder_id: int) -> ParityJob | None:
         """Step one of detach: the parity a writer's detach encodes."""
         holder = self.holders.find(session, holder_id, ATTACH_KINDS.values(), "attachment")
-        return self.integrity.job_seal(holder.alloc) if holder.kind == "attach-w" else None
+        if holder.kind != "attach-w":
+            return None
+        self._let_go(holder.alloc)
+        return self.integrity.job_seal(holder.alloc)
 
     def detach(self, session: Session, holder_id: int, *, parity: ParityJob | None = None,
                planned: bool = False) -> dict:
@@ -151,14 +154,15 @@ class HandleVerbs:
         holder = self.holders.find(session, holder_id, ATTACH_KINDS.values(), "attachment")
         alloc = holder.alloc
         if holder.kind == "attach-w" and not alloc.unlinked:
-            self._seal(alloc, session.cred, "detach", parity if planned else None)
+            self._seal(alloc, session.cred, "detach", parity, planned)
             self.ns.data_changed(alloc)
         self._remove_holder(holder)
-        return describe(alloc)
+        return describe(alloc, cred=session.cred)
 
     def seal_job(self, path: str, cred: Credentials, session: Session) -> ParityJob | None:
         """Step one of seal: its checks, and the parity it encodes."""
         alloc = self._sealable(path, cred, session)
+        self._let_go(alloc)
         return self.integrity.job_seal(alloc)
 
     def seal(self, path: str, cred: Credentials, session: Session, *,
@@ -167,9 +171,9 @@ class HandleVerbs:
         seal while attached; anyone with write permission may seal an allocation whose
         writer is gone (it crashed: the allocation stays unsealed until then)."""
         alloc = self._sealable(path, cred, session)
-        self._seal(alloc, cred, "seal", parity if planned else None)
+        self._seal(alloc, cred, "seal", parity, planned)
         self.ns.data_changed(alloc)           # what the writer wrote is what readers get now
-        return describe(alloc, holders=True)
+        return describe(alloc, holders=True, cred=cred)
 
     def _sealable(self, path: str, cred: Credentials, session: Session) -> Allocation:
         alloc = self.ns.lookup_allocation(path, cred)
@@ -178,13 +182,14 @@ class HandleVerbs:
         return alloc
 
     def _seal(self, alloc: Allocation, cred: Credentials, reason: str,
-              job: ParityJob | None = None) -> None:
+              job: ParityJob | None = None, planned: bool = False) -> None:
+        """`planned`: `job` is step one's (detach_job, seal_job), run meanwhile."""
         if alloc.unsealed:
-            self.integrity.encode_sealed(alloc, job)
+            self.integrity.encode_sealed(alloc, job if planned else None)
             with self.journal.change(durable=alloc.durable):
                 self.journal.keep(alloc, "unsealed", "modified_ns", "changed_ns")
                 alloc.unsealed = False
-                alloc.modified_ns = alloc.changed_ns = time.time_ns()
+                self._stamp_written(alloc, planned)
                 self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
                                           changed_ns=alloc.changed_ns, unsealed=SEALED)
                 self.journal.event("seal", alloc, cred, reason=reason)
@@ -225,7 +230,7 @@ class HandleVerbs:
         self.custody.require_memory(alloc)
         fd = self.backend.export_dmabuf(alloc.buffer)
         alloc.untracked = True      # a NIC may write it at any time: no change is seen
-        return fd, describe(alloc)
+        return fd, describe(alloc, cred=cred)
 
     def close_handle(self, session: Session, holder_id: int, *, written: dict | None = None,
                      parity: ParityJob | None = None, planned: bool = False):
@@ -237,7 +242,8 @@ class HandleVerbs:
             self.ns.data_changed(alloc)       # written through its fd: the mount's cache goes
             if written:
                 with self.journal.change(durable=False):
-                    alloc.modified_ns = alloc.changed_ns = time.time_ns()
+                    self.journal.keep(alloc, "modified_ns", "changed_ns")
+                    self._stamp_written(alloc, planned)
                     self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
                                               changed_ns=alloc.changed_ns)
                     self.journal.event("write", alloc, session.cred, **written)
@@ -280,10 +286,40 @@ class HandleVerbs:
         dev = self.backend.device(alloc.device)
         fit = max(dev.granularity, round_up(alloc.size, dev.granularity))
         if (alloc.capacity or 0) > fit:
-            old_size = alloc.size
-            self.custody.reallocate(alloc, dev, alloc.size, fit, lambda: self._commit_size(
-                alloc, DAEMON, old_size, fit, old_size))
+            self.custody.reallocate(alloc, dev, alloc.size, fit,
+                                    lambda: self._commit_capacity(alloc, fit))
             self._protect_resized(alloc, alloc.size, fresh=False)
+
+    def _commit_capacity(self, alloc: Allocation, capacity: int) -> None:
+        """Record a trimmed capacity. The bytes and the size are what they were, so no time
+        moves: this runs after a close's parity work, and a time set meanwhile (tar's and
+        `rsync -a`'s utimensat right after close) must stay (issue 24)."""
+        with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
+            self.journal.keep(alloc, "capacity")
+            alloc.capacity = capacity
+            self.registry.update_node(alloc.id, capacity=capacity, device=alloc.device,
+                                      state=alloc.state)
+            self.journal.event("resize", alloc, DAEMON, size=alloc.size, capacity=capacity,
+                               old_size=alloc.size)
+        self.integrity.changed_all(alloc)      # new memory: what tracked changes say goes
+        self.ns.attrs_changed(alloc)
+
+    # ---- the time a writer's data changed, for a commit made after work off the loop ----
+    @staticmethod
+    def _let_go(alloc: Allocation) -> None:
+        """Step one of a writer's close, detach or seal: its data changed by now."""
+        alloc.let_go = (time.time_ns(), alloc.modified_ns)
+
+    @staticmethod
+    def _stamp_written(alloc: Allocation, planned: bool) -> None:
+        """Step two (`planned`: after step one, whose parity work ran meanwhile): the
+        modification time is step one's, not this later moment's, and a time set between
+        the steps (utimensat) stays (issue 24: a commit after the work stamped over it)."""
+        step_one, alloc.let_go = alloc.let_go if planned else None, None
+        let_go, modified_then = step_one or (time.time_ns(), alloc.modified_ns)
+        if alloc.modified_ns == modified_then:
+            alloc.modified_ns = let_go
+        alloc.changed_ns = max(alloc.changed_ns, let_go)
 
     def _remove_holder(self, holder: Holder) -> None:
         """Drop a holder; free the memory if that was the last thing keeping it."""

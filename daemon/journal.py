@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from gpumemctl.protocol import InternalError
+from gpumemctl.protocol import GpumemError, InternalError, NoMemory
 
 from .events import LINE_PATH_LIMIT, LineBudget, bound_detail, cut
 from .permissions import administrative_uid
@@ -105,17 +105,19 @@ class Journal:
             except Exception:
                 log.exception("rolling back an in-memory change failed")
 
-    def _registry_failed(self, exc: sqlite3.Error) -> InternalError:
+    def _registry_failed(self, exc: sqlite3.Error) -> GpumemError:
         """A registry statement or its commit failed (a full state disk, an I/O error): the
         change was rolled back whole, and the client hears so in one line. Service goes on
-        by itself once the registry can be written again."""
+        by itself once the registry can be written again. A full disk is no bug: it is
+        out of space, exit 7 (ENOSPC), as a full fd store or device is (issue 24)."""
         where = os.path.dirname(self.registry.path) or "."
-        full = "full" in str(exc)
         log.warning("a change was rolled back: the registry could not be written: %s", exc)
-        return InternalError(
-            f"the registry could not record the change ({exc}); nothing was changed"
-            + (f": free space in {where}" if full else ""),
-            details={"errno": "ENOSPC" if full else "EIO"})
+        if "full" in str(exc):
+            return NoMemory(f"no space left on the state disk: the registry could not record "
+                            f"the change ({exc}); nothing was changed: free space in {where}",
+                            details={"errno": "ENOSPC"})
+        return InternalError(f"the registry could not record the change ({exc}); nothing "
+                             "was changed", details={"errno": "EIO"})
 
     # ---- events ---------------------------------------------------------------------------
     def event(self, kind: str, node: Any, cred: Any, /, **detail: Any) -> None:
@@ -197,13 +199,13 @@ class Journal:
                 self.change_listeners.discard(on_change)
 
     def events(self, *, since: int, limit: int, path: str | None = None,
-               uid: int | None = None, max_bytes: int | None = None
-               ) -> tuple[list[dict], bool]:
+               uid: int | None = None, max_bytes: int | None = None,
+               administrator: bool = False) -> tuple[list[dict], bool]:
         """Logged events after `since`, oldest first, at most `limit` (the newest) and at
         most `max_bytes` of detail and path text; with `path`, those at or under it; with
-        `uid`, only that user's and the daemon-wide ones. And whether none was left out
-        for want of bytes (Registry.events_page)."""
-        return self.registry.events_page(since, limit, path, uid, max_bytes)
+        `uid`, only those that user may see (events.visible_to). And whether none was left
+        out for want of bytes (Registry.events_page)."""
+        return self.registry.events_page(since, limit, path, uid, max_bytes, administrator)
 
     def last_event_id(self) -> int:
         """The id of the newest logged event (0 when the log is empty)."""

@@ -13,7 +13,6 @@ import fcntl
 import functools
 import logging
 import os
-import resource
 import signal
 import socket
 import sqlite3
@@ -28,16 +27,19 @@ from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_
 
 from . import autosnap, config, paths, systemd
 from .backends import BackendUnavailable, choose_backend
+from .fdbudget import FdBudget, raise_open_file_limit
 from .keeper_link import KeeperGone, open_keeper
+from .logbudget import ClientLines, summarise_every_minute
 from .logs import setup_logging
 from .manager import AllocationManager
 from .mount import Mount, MountError, check_mount_point
 from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
 from .paths import UnsafePath
+from .permissions import administrative_uid
 from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
 from .scrub import Scrubber
 from .server import VERSION, Server
-from .server.transport import ConnectionLimits
+from .server.transport import PRIVILEGED_EXTRA, ConnectionLimits
 
 log = logging.getLogger("gpumemd")
 
@@ -168,15 +170,14 @@ async def supervise_keeper(manager: AllocationManager, keeper) -> None:
             await trio.sleep(1)
 
 
-def raise_fd_limit() -> int:
-    """Raise the soft open-file limit to the hard one (every client connection is an fd;
-    systemd's default soft limit is 1024) and return it; max_connections stays below."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != soft:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+def open_file_budget(args) -> FdBudget:
+    """Raise the open-file limit to the hard one (every connection and allocation holds
+    descriptors; systemd's default soft limit is 1024) and split it (daemon/fdbudget.py)."""
+    before, limit = raise_open_file_limit()
+    fds = FdBudget(limit, args.max_connections, PRIVILEGED_EXTRA, args.max_fd_share_per_uid)
+    raised = f" (raised from {before})" if before != limit else ""
+    log.info("open-file limit %d%s: %s", limit, raised, fds.summary())
+    return fds
 
 
 STALL_PROBE_SECONDS = 0.5
@@ -289,9 +290,11 @@ async def background(name: str, task: Callable[[], Awaitable[None]]) -> None:
 
 async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | None, *,
                      registry: Registry, keeper, restore_from: str | None = None,
-                     snapshot_to: str | None = None) -> None:
+                     snapshot_to: str | None = None, log_lines: ClientLines | None = None
+                     ) -> None:
     """Serve until SIGTERM/SIGINT. `restore_from`: restore_on_start's snapshot_dir;
-    `snapshot_to`: snapshot_on_stop's (daemon/autosnap.py)."""
+    `snapshot_to`: snapshot_on_stop's (daemon/autosnap.py); `log_lines`: the log's
+    per-client budget, whose summaries are written once a minute (daemon/logbudget.py)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(background, "group commit", GroupCommit(manager, registry).run)
@@ -306,6 +309,9 @@ async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | 
                                functools.partial(resume_stalled_keeper, manager, keeper))
             nursery.start_soon(background, "registry checkpoint",
                                functools.partial(checkpoint_registry, registry))
+            if log_lines is not None:
+                nursery.start_soon(background, "log summaries",
+                                   functools.partial(summarise_every_minute, log_lines))
             systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
             log.info("gpumemd %s serving %s (backend %s, pid %d)", VERSION,
                      server.socket_path, manager.backend_name, os.getpid())
@@ -330,9 +336,9 @@ def main(argv=None) -> int:
     except GpumemError as exc:
         print(f"gpumemd: {exc}", file=sys.stderr)
         return 2
-    setup_logging(args.log_level)
+    lines = setup_logging(args.log_level)
     try:
-        return _main(args)
+        return _main(args, lines)
     except OrphansHeld as exc:
         print(f"gpumemd: {exc}", file=sys.stderr)
         return EXIT_ORPHANS
@@ -390,13 +396,14 @@ def remove_new_registry(registry: Registry) -> None:
 
 
 def quota_bytes(quota: int | float | None, backend) -> int | None:
-    """config default_quota in bytes: a share (a float) is of all devices' memory."""
+    """config default_quota in bytes: a share (a float) is of all devices' memory (what
+    the backend may hand out on each: DeviceInfo.total)."""
     if isinstance(quota, float):
-        return int(quota * sum(dev.capacity for dev in backend.devices()))
+        return int(quota * sum(dev.total for dev in backend.devices()))
     return quota
 
 
-def _main(args) -> int:
+def _main(args, lines: ClientLines | None = None) -> int:
     # Before anything is made in them: root must never act on a name another user controls.
     state_dir = paths.safe_directory("state directory", args.state_dir or default_state_dir(),
                                      0o700)
@@ -407,6 +414,7 @@ def _main(args) -> int:
         check_mount_point(mount_path)
     lock_fd = lock_state_dir(state_dir)
     claim_socket(socket_path)
+    fds = open_file_budget(args)         # before the keeper starts: it inherits the limit
     try:
         backend, why = choose_backend(args.backend, limit=args.host_capacity)
     except BackendUnavailable as exc:
@@ -443,11 +451,14 @@ def _main(args) -> int:
     log.info("registry loaded: %(adopted)d adopted, %(lost)d lost, %(orphans_freed)d orphans "
              "freed, %(orphans_adopted)d orphans re-registered, %(transients_dropped)d stale "
              "transients dropped", summary)
+    fds.watch(manager.quotas.allocations, manager.quotas.kept, lambda: len(manager.ns.nodes),
+              lambda uid: manager.ns.nodes.owned.get(uid, 0), administrative_uid)
+    manager.custody.fds = fds
     server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path},
                     scrubber=Scrubber(manager, default_rate=args.scrub_rate),
-                    limits=ConnectionLimits(args.max_connections, args.max_connections_per_uid,
-                                            fd_limit=raise_fd_limit()),
+                    limits=ConnectionLimits(fds.connections, args.max_connections_per_uid,
+                                            args.max_connection_rate_per_uid),
                     admin_gid=args.admin_group)
     mount = Mount(manager, mount_path) if mount_path else None
     # The event loop shares the GIL with worker threads that encode parity (daemon/offload):
@@ -460,6 +471,7 @@ def _main(args) -> int:
             mount.open()
         trio.run(functools.partial(
             run_daemon, manager, server, mount, registry=registry, keeper=keeper,
+            log_lines=lines,
             restore_from=args.snapshot_dir if args.restore_on_start else None,
             snapshot_to=args.snapshot_dir if args.snapshot_on_stop else None))
     finally:

@@ -204,8 +204,8 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
                                  request.get("metadata"))
         if isinstance(plan, Node):
             return None
-        _parent, missing, name, dev, capacity, ecc, _entries = plan
-        return self.custody.prepare(self.ns.reserve_ids(len(missing) + 1), name, cred,
+        _parent, missing, _name, dev, capacity, ecc, _entries = plan
+        return self.custody.prepare(self.ns.reserve_ids(len(missing) + 1), cred,
                                     request["mode"], request["size"], dev, capacity, ecc,
                                     label=path)
 
@@ -237,6 +237,7 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         capacity = round_up(size, dev.granularity)
         self.custody.require_could_fit(dev, size, ecc)
         self.quotas.check(cred.uid, capacity)
+        self.custody.require_fds(cred.uid, ecc)       # its descriptors (daemon/fdbudget.py)
         if entries:
             self.meta_bounds.check("/".join(parts), cred.uid, 0, usermeta.size_of(entries))
         return parent, missing, parts[-1], dev, capacity, ecc, entries
@@ -252,7 +253,7 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         if durable and not existing.durable:
             return self.set_durable(existing.path, cred, True)
         require(existing, cred, R, "read")
-        return describe(existing, holders=True)
+        return describe(existing, holders=True, cred=cred)
 
     def remove(self, path: str, cred: Credentials, *, recursive: bool = False,
                force: bool = False) -> list[str]:
@@ -336,7 +337,7 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         prepare_durable's deposit, made meanwhile (made again if the memory changed)."""
         self._require_durability_change(alloc, cred)
         if alloc.durable == durable:
-            return describe(alloc, holders=True)
+            return describe(alloc, holders=True, cred=cred)
         with self.journal.change(durable=True):
             self.journal.keep(alloc, "durable", "changed_ns")
             alloc.durable = durable
@@ -357,7 +358,7 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
                 self._remove_holder(holder)
         elif alloc.buffer is not None:
             self.custody.withdraw_quietly(alloc.id)
-        return describe(alloc, holders=True)
+        return describe(alloc, holders=True, cred=cred)
 
     # ---- user metadata (daemon/usermeta.py) -------------------------------------------
     # By path for the socket (`meta_*`: links followed, as `info` does; read permission to
@@ -527,14 +528,14 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
 
     # ---- hard links: one node, several names -------------------------------------------
     def link(self, target: str, path: str, cred: Credentials) -> dict:
-        """`ln TARGET PATH` (socket API): PATH becomes one more name of what TARGET names.
-        TARGET's last component is not followed, as link(2) and GNU ln do: a symbolic link
-        gets a second name, not what it leads to. PATH's directory must exist."""
+        """`ln TARGET PATH` (socket API): PATH becomes one more name of what TARGET names
+        (TARGET's last component not followed, as link(2) and GNU ln). PATH's directory must
+        exist. No `names` in the answer (`info` has them): a link would cost O(names)."""
         _, _, node = self.ns.lookup_entry(target, cred)
         parts = split_path(path)
         parent, _ = self.ns.parent_for_new(parts, cred, parents=False)
         self._add_name(node, parent, parts[-1], cred)
-        return describe(node, holders=True, path=entry_path(parent, parts[-1]),
+        return describe(node, holders=True, names=False, path=entry_path(parent, parts[-1]),
                         name=parts[-1])
 
     def link_child(self, node_id: int, parent_id: int, name: str, cred: Credentials) -> Node:
@@ -583,7 +584,7 @@ class AllocationManager(HandleVerbs, RefillVerbs, SnapshotRecords, Queries):
         if not isinstance(node, Symlink):
             raise UsageError(f"'{node.path}' is not a symbolic link",
                              details={"errno": "EINVAL"})
-        return {"target": node.target, "info": describe(node)}
+        return {"target": node.target, "info": describe(node, cred=cred)}
 
     def mknod_child(self, parent_id: int, name: str, cred: Credentials, mode: int,
                     ftype: int, rdev: int = 0) -> Special:

@@ -5,7 +5,7 @@ rows inside the caller's transaction (daemon/journal.py): every change registers
 so a failed statement or commit leaves the tree as it was. The rules are POSIX's: search
 permission on every directory passed, write+search to add or remove an entry, sticky
 directories, setgid inheritance, chmod/chown/utimensat. Walks are iterative (nodes.walk):
-a chain may be thousands deep.
+a chain may be thousands deep. Hard links are daemon/hardlinks.py's, a base class.
 
 It knows nothing of memory, the keeper or parity: a verb that removes an allocation asks
 the namespace to forget the name and then lets go of the memory itself (daemon/manager.py).
@@ -32,11 +32,13 @@ from gpumemctl.protocol import (
 )
 
 from .describe import describe
+from .hardlinks import HardLinks
 from .journal import Journal
 from .links import Resolver
 from .nodes import (
     SPECIAL_KINDS,
     SPECIAL_TYPES,
+    Aliases,
     Allocation,
     Directory,
     Node,
@@ -60,7 +62,6 @@ from .permissions import (
 from .registry import ROOT_ID, Registry, loaded_name, stored_name
 
 RESERVED_AT_ROOT = (".metadata",)   # the mount's read-only metadata view (daemon/fs.py)
-MAX_LINKS = 65000                 # st_nlink of one file at most (EMLINK), as ext4's
 RELATIME_NS = 24 * 3600 * 10**9   # relatime: an access time older than this moves on a read
 NOW = "now"                       # setattr(mtime_ns=NOW): utimensat's UTIME_NOW
 # The daemon itself, as the owner of what it makes (re-registered orphans, /lost+found).
@@ -83,7 +84,7 @@ def check_mode(mode: int) -> int:
     return mode
 
 
-class Namespace:
+class Namespace(HardLinks):
     def __init__(self, registry: Registry, journal: Journal):
         self.registry = registry
         self.journal = journal
@@ -135,17 +136,6 @@ class Namespace:
             node.metadata[key] = value
             node.metadata_bytes += len(key) + len(value)
             self.nodes.metadata_changed(node, len(key) + len(value))
-
-    def _load_hard_links(self) -> None:
-        for row in self.registry.load_links():
-            linked, parent = self.nodes.get(row["node"]), self.nodes.get(row["parent"])
-            if linked is None or not isinstance(parent, Directory) or \
-                    isinstance(linked, Directory) or row["name"] in parent.children:
-                raise InternalError(f"registry's hard link '{row['name']}' in node "
-                                    f"{row['parent']} to node {row['node']} is not valid")
-            linked.aliases = linked.aliases + [(parent, row["name"])]
-            parent.add_child(linked, row["name"])
-            self.nodes.names_changed(linked, 1)
 
     @staticmethod
     def _node_from_row(row) -> Node:
@@ -337,7 +327,7 @@ class Namespace:
         if node.aliases:
             self._count_names(node, -len(node.aliases))
             self.journal.keep(node, "aliases")
-            node.aliases = []
+            node.aliases = Aliases()
         self.nodes.pop(node.id, None)
 
     def _remove_entry(self, parent: Directory, name: str, now: int) -> None:
@@ -364,11 +354,6 @@ class Namespace:
                 if old is not None:
                     directory.add_child(old, name)
         self.journal.on_rollback(restore)
-
-    def _count_names(self, node: Node, delta: int) -> None:
-        """Hard links made (+) or gone (-): the owner's names (max_names_per_uid)."""
-        self.nodes.names_changed(node, delta)
-        self.journal.on_rollback(lambda: self.nodes.names_changed(node, -delta))
 
     # ---- user metadata (daemon/usermeta.py has the rules and bounds) ---------------------
     def set_metadata(self, node: Node, key: bytes, value: bytes | None) -> None:
@@ -420,100 +405,6 @@ class Namespace:
     def metadata_used(self, uid: int) -> int:
         """The bytes of metadata the nodes `uid` owns hold (metadata_user_max_bytes)."""
         return self.nodes.metadata.get(uid, 0)
-
-    # ---- hard links ---------------------------------------------------------------------
-    def add_name(self, node: Node, parent: Directory, name: str, cred: Credentials) -> None:
-        """link(2): `name` in `parent` becomes one more name of `node` (inside the caller's
-        change). The node keeps its id, memory, durability and ECC: they are the
-        allocation's, not a name's."""
-        check_component(name)
-        if isinstance(node, Directory):
-            raise PermissionDenied(f"'{node.path or '/'}' is a directory: a directory "
-                                   "cannot have a second name (hard link)",
-                                   details={"errno": "EPERM"})
-        if self.nodes.get(node.id) is not node:
-            raise NotFound(f"'{node.path}' was removed", details={"errno": "ENOENT"})
-        self.check_not_reserved(parent, name)
-        require(parent, cred, W | X, "create entries in")
-        if name in parent.children:
-            raise Exists(f"'{entry_path(parent, name)}' already exists")
-        self._require_may_link(node, cred)
-        if node.nlink >= MAX_LINKS:
-            raise UsageError(f"'{node.path}' has {node.nlink} names, the most one file may "
-                             f"have ({MAX_LINKS})", details={"errno": "EMLINK"})
-        self._require_room_for_a_name(node.uid)
-        now = time.time_ns()
-        self.registry.insert_link(parent.id, name, node.id)
-        self.registry.update_node(node.id, changed_ns=now)
-        self.journal.keep(node, "aliases", "changed_ns")
-        node.aliases = node.aliases + [(parent, name)]
-        node.changed_ns = now
-        self._count_names(node, 1)
-        self._keep_entries((parent, name))
-        self.journal.keep(parent, "modified_ns", "changed_ns")
-        parent.add_child(node, name)
-        parent.modified_ns = parent.changed_ns = now
-        self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
-        self.journal.node_changed(parent)
-        self.entry_changed(parent, name)       # a cached negative entry, if any
-        self.attrs_changed(node)               # st_nlink and st_ctime
-
-    @staticmethod
-    def _require_may_link(node: Node, cred: Credentials) -> None:
-        """Linux's protected_hardlinks (on by default in Debian): only the owner, root, or
-        a user who may read and write the file may give it a new name, so no user can pin
-        another's file in a directory of their own."""
-        if cred.is_root or cred.uid == node.uid or administrative_uid(cred.uid):
-            return
-        # Linux's "safe source": a regular file, not set-id, that the caller may read and
-        # write. Links, FIFOs and device nodes: the owner only.
-        allowed = isinstance(node, Allocation) and not node.mode & 0o6000 and \
-            Namespace.allowed(node, cred, R | W)
-        if not allowed:
-            raise PermissionDenied(f"permission denied: only the owner of '{node.path}' "
-                                   f"(uid {node.uid}), or a user who may read and write it, "
-                                   "may link it", details={"errno": "EPERM"})
-
-    def drop_name(self, parent: Directory, name: str, node: Node) -> bool:
-        """unlink(2) of one of the node's names (inside the caller's change). True when it
-        was the last: the node is forgotten (its memory is the caller's); False when other
-        names keep it."""
-        if not node.aliases:
-            self.forget(node)
-            return True
-        now = time.time_ns()
-        self.journal.keep(node, "parent", "name", "aliases", "changed_ns")
-        if node.parent is parent and node.name == name:
-            # Its row's name goes: the next name moves into the row.
-            (parent_next, name_next), rest = node.aliases[0], node.aliases[1:]
-            self.registry.delete_link(parent_next.id, name_next)
-            self.registry.update_node(node.id, parent=parent_next.id, name=name_next,
-                                      changed_ns=now)
-            node.parent, node.name, node.aliases = parent_next, name_next, rest
-        else:
-            self.registry.delete_link(parent.id, name)
-            self.registry.update_node(node.id, changed_ns=now)
-            node.aliases = [(d, n) for d, n in node.aliases if not (d is parent and n == name)]
-        node.changed_ns = now
-        self._count_names(node, -1)
-        self._remove_entry(parent, name, now)
-        self.attrs_changed(node)
-        return False
-
-    def _move_name(self, node: Node, old: tuple[Directory, str],
-                   new: tuple[Directory, str]) -> None:
-        """One name of `node` goes from `old` to `new`: its row (or its `links` row) and the
-        node's fields; the directories' children are the caller's. The caller has kept
-        the node's parent, name and aliases."""
-        (old_dir, old_name), (new_dir, new_name) = old, new
-        if node.parent is old_dir and node.name == old_name:
-            self.registry.update_node(node.id, parent=new_dir.id, name=new_name)
-            node.parent, node.name = new_dir, new_name
-            return
-        self.registry.delete_link(old_dir.id, old_name)
-        self.registry.insert_link(new_dir.id, new_name, node.id)
-        node.aliases = [new if (d is old_dir and n == old_name) else (d, n)
-                        for d, n in node.aliases]
 
     def entry_changed(self, parent: Directory, name: str) -> None:
         for watcher in self.watchers:
@@ -630,7 +521,7 @@ class Namespace:
                                    **({} if freed else {"name": new_path,
                                                         "links_left": target.nlink}))
             now = time.time_ns()
-            self.journal.keep(node, "parent", "name", "aliases", "changed_ns")
+            self.journal.keep(node, "parent", "name", "changed_ns")
             self._keep_entries((src_dir, src_name), (dst_dir, dst_name))
             self._move_name(node, (src_dir, src_name), (dst_dir, dst_name))
             self.registry.update_node(node.id, changed_ns=now)
@@ -670,7 +561,7 @@ class Namespace:
             at_a, at_b = (src_dir, src_name), (dst_dir, dst_name)
             paths = (entry_path(*at_a), entry_path(*at_b))
             for node in (a, b):
-                self.journal.keep(node, "parent", "name", "aliases", "changed_ns")
+                self.journal.keep(node, "parent", "name", "changed_ns")
             for directory in {src_dir, dst_dir}:
                 self.journal.keep(directory, "modified_ns", "changed_ns")
             self._keep_entries(at_a, at_b)
@@ -681,14 +572,14 @@ class Namespace:
                 self.registry.update_node(a.id, parent=None)
             else:
                 self.registry.delete_link(src_dir.id, src_name)
-                a.aliases = [x for x in a.aliases if not (x[0] is src_dir and x[1] == src_name)]
+                self._alias_removed(a, at_a)
             self._move_name(b, at_b, at_a)
             if a_first:
                 self.registry.update_node(a.id, parent=dst_dir.id, name=dst_name)
                 a.parent, a.name = dst_dir, dst_name
             else:
                 self.registry.insert_link(dst_dir.id, dst_name, a.id)
-                a.aliases = a.aliases + [at_b]
+                self._alias_added(a, at_b)
             for node in (a, b):
                 self.registry.update_node(node.id, changed_ns=now)
                 node.changed_ns = now

@@ -6,6 +6,7 @@ holds their durable copy. A node's `id` is its registry row id and its inode num
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -45,10 +46,9 @@ class Node:
     accessed_ns: int | None = None   # last access (utimensat, or a read by the relatime
                                      # rule: AllocationManager.note_access); None when
                                      # made: the modification time
-    # Hard links: the node's names beyond (parent, name), each (directory, name); the
-    # registry's `links` table. Replaced, never changed in place (Journal.keep restores
-    # the old list on a rollback). Directories never have any.
-    aliases: list[tuple[Directory, str]] = dataclasses.field(default_factory=list)
+    # Hard links: the node's names beyond (parent, name), each (directory, name), in the
+    # order they were made (the registry's `links` rows). Directories never have any.
+    aliases: Aliases = dataclasses.field(default_factory=lambda: Aliases())
     # User metadata (daemon/usermeta.py): key -> value, both bytes; the registry's
     # `metadata` rows. Only allocations and directories carry any. `metadata_bytes` is
     # usermeta.size_of(metadata), kept as it changes (Namespace.set_metadata).
@@ -77,23 +77,62 @@ class Node:
     def names(self) -> list[tuple[Directory, str]]:
         """Every (directory, name) the node is found under, its first name first."""
         first = [(self.parent, self.name)] if self.parent is not None else []
-        return first + self.aliases
-
-    @property
-    def paths(self) -> list[str]:
-        """The path of each of its names, its first name's first."""
-        return [entry_path(parent, name) for parent, name in self.names]
+        return first + list(self.aliases)
 
     @property
     def nlink(self) -> int:
         """st_nlink of a file: its names (0 once the last one is gone and it is held
-        open). Directories override it."""
-        return len(self.names)
+        open). Directories override it. O(1): the kernel asks it at every stat."""
+        return (self.parent is not None) + len(self.aliases)
 
 
 def entry_path(parent: Directory, name: str) -> str:
     """The path of the entry `name` in `parent`."""
     return f"{parent.path}/{name}" if parent.path else name
+
+
+class Aliases:
+    """A node's names beyond its first: (directory, name) entries in the order they were
+    made, as the registry's `links` rows (by rowid) are. Adding, removing and taking the
+    first are O(1), so that a link or unlink costs the same whatever the node's number of
+    names (issue 24: with a list copied at each change, a file with 20,000 names took 28
+    links a second). A removal taken back (restore: a rolled-back transaction) returns the
+    entry to its place."""
+
+    __slots__ = ("_order",)
+    _clock = itertools.count()           # one order for all: entries are compared by it
+
+    def __init__(self) -> None:
+        self._order: dict[tuple[Directory, str], int] = {}
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self) -> Iterator[tuple[Directory, str]]:
+        return iter(self._order)
+
+    def __contains__(self, entry: object) -> bool:
+        return entry in self._order
+
+    def add(self, entry: tuple[Directory, str]) -> None:
+        self._order[entry] = next(self._clock)
+
+    def remove(self, entry: tuple[Directory, str]) -> int:
+        """Take `entry` out; what restore() needs to put it back in its place."""
+        return self._order.pop(entry)
+
+    def discard(self, entry: tuple[Directory, str]) -> None:
+        self._order.pop(entry, None)
+
+    def first(self) -> tuple[Directory, str]:
+        return next(iter(self._order))
+
+    def restore(self, entry: tuple[Directory, str], place: int) -> None:
+        """Undo remove(): rare (a failed commit), so a re-sort may cost O(n) here."""
+        last = next(reversed(self._order.values()), -1)
+        self._order[entry] = place
+        if place < last:
+            self._order = dict(sorted(self._order.items(), key=lambda item: item[1]))
 
 
 @dataclasses.dataclass(eq=False)
@@ -200,6 +239,10 @@ class Allocation(Node):
     changed: set | None = None
     untracked: bool = False          # a dma-buf was exported: writes are never seen
     restore_queued: bool = False     # lost, and restore_on_start will refill it (autosnap)
+    # (when a writer let go, modified_ns then): set by the first step of a close, detach or
+    # seal whose parity work runs off the loop, for the time its last step stamps
+    # (daemon/handles.py); None otherwise.
+    let_go: tuple[int, int] | None = None
     # Held while its parity is encoded on a worker thread (daemon/integrity.ParityJob), and
     # by the event loop before it frees or replaces the memory or touches the parity.
     parity_lock: threading.RLock = dataclasses.field(default_factory=threading.RLock,
@@ -211,7 +254,7 @@ class Allocation(Node):
 
     @property
     def nlink(self) -> int:
-        return 0 if self.unlinked else len(self.names)
+        return 0 if self.unlinked else (self.parent is not None) + len(self.aliases)
 
     @property
     def kept(self) -> bool:

@@ -13,6 +13,7 @@ from .describe import describe
 from .holders import Holders
 from .integrity import Integrity
 from .journal import Journal
+from .listing import list_page
 from .namespace import Namespace
 from .nodes import WRITER_KINDS, Allocation, Node
 from .permissions import Credentials, R
@@ -88,13 +89,21 @@ class Queries:
         return self.ns.lookup_child(parent_id, name, cred)
 
     def info(self, path: str, cred: Credentials) -> dict:
-        """The node with its holders, names and user metadata (the metadata only for a
-        caller who may read the node: null otherwise, as meta_list would refuse it)."""
+        """The node with its holders, the names the caller may search to, and user
+        metadata (the metadata only for a caller who may read the node: null otherwise, as
+        meta_list would refuse it)."""
         node = self.ns.lookup(path, cred, allow_root=True)
-        return describe(node, holders=True, metadata=self.ns.allowed(node, cred, R))
+        return describe(node, holders=True, metadata=self.ns.allowed(node, cred, R),
+                        cred=cred)
 
     def listdir(self, path: str, cred: Credentials, *, recursive: bool = False) -> list[dict]:
         return self.ns.listdir(path, cred, recursive=recursive)
+
+    def list_page(self, path: str, cred: Credentials, *, recursive: bool, after: str | None,
+                  limit: int | None) -> tuple[list[dict], str | None]:
+        """One page of listdir's entries after the cursor `after`, and the next page's
+        cursor (None: the last page). daemon/listing.py."""
+        return list_page(self.ns, path, cred, recursive=recursive, after=after, limit=limit)
 
     def node(self, node_id: int) -> Node:
         return self.ns.node(node_id)
@@ -148,12 +157,13 @@ class Queries:
 
     # ---- the event log, observers, metadata and check -----------------------------------
     def events(self, *, since: int, limit: int, path: str | None = None,
-               uid: int | None = None, max_bytes: int | None = None
-               ) -> tuple[list[dict], bool]:
+               uid: int | None = None, max_bytes: int | None = None,
+               administrator: bool = False) -> tuple[list[dict], bool]:
         """Logged events after `since`, oldest first, at most `limit` and `max_bytes`, and
-        whether the page is complete (Journal.events)."""
+        whether the page is complete (Journal.events; `uid`, `administrator`: whose view,
+        events.visible_to)."""
         return self.journal.events(since=since, limit=limit, path=path, uid=uid,
-                                   max_bytes=max_bytes)
+                                   max_bytes=max_bytes, administrator=administrator)
 
     def last_event_id(self) -> int:
         return self.journal.last_event_id()

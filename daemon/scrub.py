@@ -76,13 +76,23 @@ class Scrubber:
         if rate is None:
             rate = self.default_rate
         total = sum(a.size or 0 for a in self._targets())
+        before = self.state
         self.state = {"running": True, "rate": rate, "started_ns": time.time_ns(),
                       "position": {"id": 0, "block": 0}, "to_scrub": total,
                       "elapsed": 0.0, "totals": _zero(), "allocations": {},
                       "last": self.state.get("last"), "lifetime": self.lifetime()}
-        self._save()
-        self._event("scrub", action="start", rate=rate, bytes=total)
+        try:
+            self._save()
+        except Exception:
+            # Not started (a full state disk: exit 7): never left shown running with
+            # nothing done, refusing every later start (issue 24).
+            self.state = before
+            raise
         self.wake.set()
+        try:
+            self._event("scrub", action="start", rate=rate, bytes=total)
+        except Exception as exc:  # noqa: BLE001 - it runs: only its event is missing
+            log.warning("the scrub started, but its start event was not logged: %s", exc)
         return self.status()
 
     def stop(self) -> dict:

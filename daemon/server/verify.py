@@ -7,9 +7,10 @@ from typing import Any
 
 import trio
 
-from gpumemctl.protocol import InternalError, PermissionDenied, UsageError
+from gpumemctl.protocol import InternalError, PermissionDenied, UsageError, jsontext
 from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
 
+from ..describe import shown_path
 from ..ecc.layout import BLOCK
 from ..nodes import Allocation
 from .call import (
@@ -22,6 +23,9 @@ from .call import (
 )
 
 PROGRESS_SECONDS = 0.1      # at most one progress frame per this (plus the first)
+# The per-allocation results a verify answer carries at most (fit_results); far below the
+# 64 MiB of any answer (daemon/server/transport.py).
+VERIFY_ANSWER_BYTES = 16 << 20
 
 
 NOT_PERMITTED = "not permitted"   # a result's "repair" where the caller may not repair it
@@ -41,7 +45,33 @@ async def verify(call: Call) -> Reply:
     for result, repaired in zip(results, repairs, strict=True):
         if a["repair"] and not repaired:
             result["repair"] = NOT_PERMITTED
-    return {"allocations": results, "summary": ecc_summary(results)}, []
+    shown, left_out = fit_results(results)
+    return {"allocations": shown, "summary": ecc_summary(results),
+            "complete": not left_out, "left_out": left_out}, []
+
+
+def fit_results(results: list[dict]) -> tuple[list[dict], int]:
+    """The results one answer carries: all of them while their JSON fits in
+    VERIFY_ANSWER_BYTES; past it those with damage first, then the clean ones, in the
+    order verified, and how many were left out (the summary counts every one). One user's
+    thousands of allocations with 4 KiB names must not make root's `verify --all` fail
+    for an answer over 64 MiB (issue 24)."""
+    sizes = [len(jsontext.dumps(r)) + 1 for r in results]
+    if sum(sizes) <= VERIFY_ANSWER_BYTES:
+        return results, 0
+    damaged = [i for i, r in enumerate(results) if _has_damage(r)]
+    clean = [i for i, r in enumerate(results) if not _has_damage(r)]
+    kept, used = [], 0
+    for i in damaged + clean:
+        if used + sizes[i] <= VERIFY_ANSWER_BYTES:
+            kept.append(i)
+            used += sizes[i]
+    return [results[i] for i in sorted(kept)], len(results) - len(kept)
+
+
+def _has_damage(result: dict) -> bool:
+    return bool(result.get("corrected") or result.get("uncorrectable") or
+                result.get("damaged") or result.get("damaged_ranges"))
 
 
 def may_repair(call: Call, alloc: Allocation) -> bool:
@@ -55,23 +85,30 @@ async def recover(call: Call) -> Reply:
     if alloc.uid != call.session.cred.uid:
         require_administrator(call, f"recover '{alloc.path}', which uid {alloc.uid} owns")
     [result] = await verify_all(call, [alloc], [True])
-    return {"allocation": result, "info": call.manager.info(alloc.path, call.session.cred)}, []
+    return {"allocation": result,
+            "info": call.manager.info(call.args["path"], call.session.cred)}, []
 
 
 async def verify_all(call: Call, targets: list[Allocation],
                      repairs: list[bool]) -> list[dict]:
-    """Verify each target, repairing those whose entry in `repairs` is true."""
+    """Verify each target, repairing those whose entry in `repairs` is true. Each result
+    (and progress frame) names the target by a name the caller may search to."""
     steps = call.manager.verify_steps
-    if call.progress is None:
-        return [await drive(steps(t, repair)) for t, repair in zip(targets, repairs, strict=True)]
-    meter = EccProgress([call.manager.protected_bytes(t) for t in targets], targets,
-                        call.progress)
-    await meter.report(force=True)
+    names = [shown_path(t, call.session.cred) for t in targets]
+    meter = None
+    if call.progress is not None:
+        meter = EccProgress([call.manager.protected_bytes(t) for t in targets], names,
+                            call.progress)
+        await meter.report(force=True)
     results = []
     for i, target in enumerate(targets):
-        meter.begin(i)
-        results.append(await drive(steps(target, repairs[i]), meter.piece))
-        meter.end()
+        if meter is None:
+            result = await drive(steps(target, repairs[i]))
+        else:
+            meter.begin(i)
+            result = await drive(steps(target, repairs[i]), meter.piece)
+            meter.end()
+        results.append({**result, "path": names[i]})
     return results
 
 
@@ -118,7 +155,7 @@ def visible_scrub_status(call: Call, status: dict) -> dict:
         for key, line in lines.items():
             node = call.manager.node_or_none(int(key))
             if node is not None and call.manager.may_search_to(node, call.session.cred):
-                out[key] = {**line, "path": node.path}
+                out[key] = {**line, "path": shown_path(node, call.session.cred)}
         return out
     status = dict(status)
     if "allocations" in status:
@@ -157,9 +194,10 @@ class EccProgress:
     with ECC and memory) of all targets at the start; `done_bytes` never decreases and
     never passes it, whatever the allocations do meanwhile (grow, shrink, go away)."""
 
-    def __init__(self, sizes: list[int], targets: list[Allocation], send: ProgressSend):
-        """`sizes`: the protected bytes of each target now (manager.protected_bytes)."""
-        self.targets, self.send = targets, send
+    def __init__(self, sizes: list[int], names: list[str], send: ProgressSend):
+        """`sizes`: the protected bytes of each target now (manager.protected_bytes);
+        `names`: what to call each in the frames."""
+        self.names, self.send = names, send
         self.sizes = sizes
         self.total = sum(self.sizes)
         self.index = 0              # the allocation being verified
@@ -184,11 +222,11 @@ class EccProgress:
             await trio.sleep(0)
             return
         self.last = now
-        i = min(self.index, len(self.targets) - 1)
+        i = min(self.index, len(self.names) - 1)
         await self.send({
-            "path": self.targets[i].path if self.targets else None,
+            "path": self.names[i] if self.names else None,
             "done_bytes": self.base + self.current, "total_bytes": self.total,
-            "allocations_done": self.index, "allocations": len(self.targets)})
+            "allocations_done": self.index, "allocations": len(self.names)})
 
 
 def ecc_summary(results: list[dict]) -> dict:
