@@ -38,6 +38,7 @@ from .protocol.defaults import (
     CORRUPT_PATTERN,
     DIR_MODE,
     EVENTS_LIMIT,
+    EVENTS_MAX_LIMIT,
     FILE_MODE,
     OPEN_MODE,
     READ_COPY_BYTES,
@@ -169,7 +170,8 @@ class Client:
             self._next_id += 1
             rid = self._next_id
             try:
-                framing.send_frame(self.sock, {"id": rid, "op": op, "args": args})
+                framing.send_frame(self.sock, {"id": rid, "op": op, "args": args},
+                                   limit=framing.MAX_REQUEST_BYTES)
                 while True:
                     reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
                     if "progress" not in reply or reply.get("id") != rid:
@@ -223,7 +225,23 @@ class Client:
 
     # ---- namespace ----------------------------------------------------------------------
     def ls(self, path: str = "", *, recursive: bool = False) -> list[dict]:
-        return self.call("ls", path=path, recursive=recursive)["entries"]
+        """Every entry, however many answers it takes (walk())."""
+        return list(self.walk(path, recursive=recursive))
+
+    def walk(self, path: str = "", *, recursive: bool = True) -> Iterator[dict]:
+        """The entries of `path` (recursively by default), page after page: a listing
+        larger than any one answer, held in memory one page at a time (docs/protocol.md,
+        "ls by pages"). A daemon that does not page answers everything at once."""
+        after = None
+        while True:
+            page = self.call("ls", path=path, recursive=recursive, limit=EVENTS_MAX_LIMIT,
+                             **({} if after is None else {"after": after}))
+            yield from page["entries"]
+            if page.get("next") is None:
+                return
+            if page["next"] == after:
+                raise ProtocolError(f"gpumemd paged 'ls' without moving on from {after!r}")
+            after = page["next"]
 
     def info(self, path: str) -> dict:
         return self.call("info", path=path)
@@ -254,8 +272,8 @@ class Client:
 
     def link(self, target: str, path: str) -> dict:
         """A hard link: `path` becomes one more name of what `target` names (argument order
-        as ln and os.link; `target`'s last component is not followed). The node, as info
-        shows it (`links`, `names`)."""
+        as ln and os.link; `target`'s last component is not followed). The node under its
+        new name, with `links` (`info` lists the names)."""
         return self.call("link", path=path, target=target)
 
     def readlink(self, path: str) -> str:
@@ -355,8 +373,11 @@ class Client:
         with h:
             length = h.size - offset if length is None else length
             h._check_range(offset, length)
-            return h.memory.read_to(out, offset, length,
-                                    lambda done: progress and progress(done, length))
+            try:
+                return h.memory.read_to(out, offset, length,
+                                        lambda done: progress and progress(done, length))
+            except OSError as exc:
+                raise _naming(exc, out) from None
 
     def read_copy(self, path: str, offset: int = 0, length: int = READ_COPY_BYTES) -> bytes:
         """Up to `length` (at most READ_COPY_BYTES) bytes at `offset`, copied through the
@@ -377,7 +398,10 @@ class Client:
             data = self.read_copy(path, offset + done, min(READ_COPY_BYTES, length - done))
             if not data:
                 break
-            out.write(data)
+            try:
+                out.write(data)
+            except OSError as exc:
+                raise _naming(exc, out) from None
             done += len(data)
             if progress:
                 progress(done, length)
@@ -400,6 +424,8 @@ class Client:
 
             try:
                 too_long = h.memory.write_from(src, offset, h.size - offset, advance)
+            except OSError as exc:
+                raise _naming(exc, src) from None
             finally:
                 if done:
                     h._note_write(offset, done)
@@ -536,6 +562,15 @@ class Client:
                       pattern: str = CORRUPT_PATTERN) -> dict:
         return self.call("debug_corrupt", path=path, offset=offset, length=length,
                          parity=parity, pattern=pattern)
+
+
+def _naming(exc: OSError, f) -> OSError:
+    """An OSError of the local file `f` (read_to's out, write_from's src) with that file's
+    name, so that the CLI's one line can say which file ("<stdout>" for sys.stdout)."""
+    name = getattr(f, "name", None)
+    if exc.filename is None and isinstance(name, str):
+        exc.filename = name
+    return exc
 
 
 def _text(value: str | bytes) -> str:

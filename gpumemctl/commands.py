@@ -27,6 +27,7 @@ from .protocol import GpumemError, InternalError, InvalidState, UsageError, form
 from .protocol.defaults import CORRUPT_PATTERN, DIR_MODE, EVENTS_LIMIT, FILE_MODE
 from .protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE, USAGE
 from .snapshot_cli import snapshot_app
+from .subapp import run_body
 
 PROG = "gpumemctl"
 # suggest_commands=False: click suggests a near command name itself; typer's own suggestion
@@ -67,7 +68,11 @@ def show_version(given: bool) -> None:
     one version, worded as `gpumemd --version` words its own."""
     if given:
         from . import __version__
-        output.data(f"{PROG} {__version__}")
+        try:
+            output.data(f"{PROG} {__version__}")
+            output.flush()
+        except OSError as exc:      # here, not in click (which exits 1 on EPIPE)
+            raise typer.Exit(actions.report(exc)) from None
         raise typer.Exit(OK)
 
 
@@ -234,7 +239,8 @@ def save(name: Annotated[str, typer.Argument(
              help="An allocation made by load (or a directory of them).",
              autocompletion=complete_name)],
          out: Annotated[str, typer.Argument(
-             help="The .safetensors file to write (a directory for a sharded model).")],
+             help="The .safetensors file to write, or - for stdout (a directory for a "
+                  "sharded model).")],
          json_: JsonOpt = False):
     """Write NAME back as a safetensors file, byte-identical to its source if unchanged."""
 
@@ -258,7 +264,7 @@ def metrics(json_: JsonOpt = False):
     if want_json(json_):
         output.emit_json([f.to_dict() for f in families])
     else:
-        sys.stdout.write(prom.render(families))
+        output.write(prom.render(families))
     return code
 
 
@@ -310,7 +316,7 @@ def events(follow: Annotated[bool, typer.Option("-f", "--follow",
                         output.json_line(e)
                     else:
                         output.data(formats.event_line(e))
-                    sys.stdout.flush()
+                    output.flush()
             except KeyboardInterrupt:
                 return OK
         evs, complete = c.events_page(since=since, limit=limit, path=path)
@@ -397,6 +403,10 @@ def verify(names: Annotated[list[str] | None, typer.Argument(
                     f"blocks: {summary['corrected']} repaired, {summary['uncorrectable']} "
                     f"uncorrectable, {summary['unrepaired']} not repaired, "
                     f"{summary['skipped']} skipped")
+    if result.get("left_out"):
+        output.warning(f"{result['left_out']} of the {summary['allocations']} results did not "
+                       "fit in one answer and are not listed (those with damage come first; "
+                       "the summary counts all): verify a directory or names for the rest")
     return summary["exit"]
 
 
@@ -497,10 +507,12 @@ def scrub(ctx: typer.Context, wait: WaitOpt = False, rate: RateOpt = None,
           quiet: QuietOpt = False, json_: JsonOpt = False):
     """Start a scrub (`gpumemctl scrub` or `scrub start`), or: scrub status, scrub stop."""
     if ctx.invoked_subcommand is None:
-        _scrub_start(wait, rate, quiet, json_)
+        raise typer.Exit(actions.invoke(_scrub_start, {"wait": wait, "rate": rate,
+                                                       "quiet": quiet, "json_": json_}))
 
 
 @scrub_app.command("start")
+@run_body
 def scrub_start(wait: WaitOpt = False, rate: RateOpt = None, quiet: QuietOpt = False,
                 json_: JsonOpt = False):
     """Start a background scrub of every protected block (the same as `gpumemctl scrub`)."""
@@ -535,6 +547,7 @@ def _scrub_start(wait: bool, rate: str | None, quiet: bool, json_: bool) -> None
 
 
 @scrub_app.command("status")
+@run_body
 def scrub_status(json_: JsonOpt = False):
     """Progress, rate and ETA of a running scrub; the last result otherwise."""
     st = _scrub_call("status")
@@ -546,6 +559,7 @@ def scrub_status(json_: JsonOpt = False):
 
 
 @scrub_app.command("stop")
+@run_body
 def scrub_stop(json_: JsonOpt = False):
     """Stop the running scrub (its counters so far become the last result)."""
     st = _scrub_call("stop")
@@ -565,6 +579,7 @@ app.add_typer(debug_app, name="debug")
 
 
 @debug_app.command("corrupt")
+@run_body
 def debug_corrupt(name: NameArg,
                   offset: OffsetOpt = "0",
                   length: Annotated[str, typer.Option("--length", help="Bytes to change.")]

@@ -1,6 +1,9 @@
 """All terminal output of the CLI: data on stdout, diagnostics on stderr.
 
 A user error is one line on stderr ("gpumemctl: error: ..."); a bug prints its traceback.
+An OSError writing stdout (a full disk, a closed pipe) comes out of every writer here with
+its `filename` set to STDOUT_NAME, so that gpumemctl/actions.py `report` can name stdout in
+its one line (docs/cli.md, "Local files").
 Every line for a person goes through `escape()` here, and only here (callers pass raw
 names): a name's newline or ESC is shown as `\\n` or `\\x1b`, never obeyed
 (gpumemctl/protocol/escape.py has the rule). JSON is written as it is (`emit_json`,
@@ -19,21 +22,82 @@ TYPE_CHECKING = False               # typing is not imported at run time (the CL
 if TYPE_CHECKING:
     from collections.abc import Set
 
+STDOUT_NAME = "<stdout>"            # what an OSError writing stdout names (as sys.stdout.name)
+STDIN_NAME = "<stdin>"
+
+
+def write(text: str) -> None:
+    """Text as it is, no newline added (one line for a person goes through `data`)."""
+    try:
+        _stdout().write(text)
+    except OSError as exc:
+        raise named_stdout(exc) from None
+
+
+def _stdout():
+    """sys.stdout; None when the program started with fd 1 closed (`gpumemctl ls >&-`)."""
+    if sys.stdout is None:
+        import errno
+        import os
+        raise OSError(errno.EBADF, os.strerror(errno.EBADF), STDOUT_NAME)
+    return sys.stdout
+
+
+def named_stdout(exc: OSError) -> OSError:
+    """`exc` (raised writing stdout) with stdout as its file, unless it names one already."""
+    if exc.filename is None:
+        exc.filename = STDOUT_NAME
+    return exc
+
+
+def flush() -> None:
+    """Push out what is buffered for stdout (a command's last step: its errors are ours to
+    report, not the interpreter's at exit)."""
+    if sys.stdout is None:
+        return                          # nothing was written (that would have failed)
+    try:
+        sys.stdout.flush()
+    except OSError as exc:
+        raise named_stdout(exc) from None
+
+
+def raw(data: bytes) -> None:
+    """Bytes as they are (a value into a pipe or file)."""
+    try:
+        out = _stdout()
+        out.flush()
+        out.buffer.write(data)
+    except OSError as exc:
+        raise named_stdout(exc) from None
+
+
+def detach_stdout() -> None:
+    """After stdout failed (EPIPE, ENOSPC): point fd 1 at /dev/null, so that the flush at
+    interpreter exit finds somewhere to put what is still buffered, rather than printing
+    "Exception ignored ..." (the Python docs' advice for SIGPIPE)."""
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+
 
 def data(text: str = "") -> None:
     """One line for a person: a newline inside `text` is shown escaped, not obeyed."""
-    sys.stdout.write(escape(text) + "\n")
+    write(escape(text) + "\n")
 
 
 def trusted_text(text: str) -> None:
     """Text of our own, written as it is (help: many lines, no names in it)."""
-    sys.stdout.write(text + "\n")
+    write(text + "\n")
 
 
 def json_line(obj) -> None:
     """One JSON object on a line (`events --follow --json`)."""
     import json
-    sys.stdout.write(json.dumps(obj) + "\n")
+    write(json.dumps(obj) + "\n")
 
 
 def emit_json(obj) -> None:
@@ -45,16 +109,23 @@ def emit_json(obj) -> None:
     else:
         # Key order is the daemon's, fixed by daemon/describe.py: no need to sort again.
         text = compact_json(obj)
-    sys.stdout.write(text + "\n")
+    write(text + "\n")
 
 
 def error(message: str) -> None:
-    print(f"gpumemctl: error: {escape(message)}", file=sys.stderr)
+    try:
+        print(f"gpumemctl: error: {escape(message)}", file=sys.stderr)
+    except OSError:         # stderr itself is gone or full: the exit status still says it
+        pass
 
 
 def warning(message: str) -> None:
-    """Something a script should see too (stderr, whatever it is): the answer is partial."""
-    print(f"gpumemctl: warning: {message}", file=sys.stderr)
+    """Something a script should see too (stderr, whatever it is): the answer is partial.
+    Escaped as error() is: a warning may quote a name or a store entry another user chose."""
+    try:
+        print(f"gpumemctl: warning: {escape(message)}", file=sys.stderr)
+    except OSError:
+        pass
 
 
 def usage_error(message: str, hint: str | None) -> None:
@@ -81,9 +152,9 @@ def table(rows: list[list[str]], headers: list[str], right: Set[int] = frozenset
     def fmt(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w)
                          for i, (c, w) in enumerate(zip(cells, widths, strict=False))).rstrip()
-    sys.stdout.write(fmt(headers) + "\n")
+    write(fmt(headers) + "\n")
     for row in rows:
-        sys.stdout.write(fmt(row) + "\n")
+        write(fmt(row) + "\n")
 
 
 class Progress:

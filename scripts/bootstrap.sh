@@ -10,7 +10,8 @@
 #                                and lint extras in $VENV, and the programs the tests drive: attr
 #                                (setfattr/getfattr), jq (the README's examples), zsh and fish
 #                                (completions), mandoc (man page lint), systemd
-#                                (systemd-analyze verifies the units), tmux (the monitor)
+#                                (systemd-analyze verifies the units), tmux (the monitor),
+#                                rsync (the mount keeps what `rsync -a` sets)
 #
 # System packages come from apt-get as root; as another user it prints the one
 # `sudo apt-get install` line to run and exits 1. A stamp file in $VENV,
@@ -48,6 +49,7 @@ missing_for_test() {
     have mandoc || echo mandoc
     have systemd-analyze || echo systemd
     have tmux || echo tmux
+    have rsync || echo rsync
 }
 
 need=$(missing_for_run)

@@ -1,6 +1,7 @@
 """The socket server: a thin adapter from framed requests to the AllocationManager.
 
     transport.py    the listening socket, peer credentials, framed I/O on one connection
+    limits.py       the rates of connections: pace, answered refusals, minute warnings
     service.py      Server: a connection's handshake and session, dispatch of each request
     ops.py          the op table: each op's handler, argument schema and way of answering
     schema.py       argument schemas and their checks (the protocol's usage errors)
