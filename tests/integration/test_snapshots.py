@@ -31,8 +31,9 @@ from gpumemctl.protocol import GpumemError
 from gpumemctl.snapshots import (
     engine,  # noqa: F401 - `snapshot` commands load it lazily
     )
-from tests.harness import child_env, is_keeper, script_argv, wait_for
+from tests.harness import child_env, script_argv, wait_for
 from tests.sizes import MiB
+from tests.snapstore import lose_memory, states
 from tests.users import NOBODY, run_as
 
 KiB = 1 << 10
@@ -76,20 +77,6 @@ def fill(d, allocations: dict[str, dict]) -> dict[str, bytes]:
             data[path] = noise(spec["size"], spec.get("seed"))
             c.write(path, data[path])
     return data
-
-
-def lose_memory(d) -> None:
-    """As after a reboot: the daemon stops, its keeper dies, the daemon starts again."""
-    keeper = d.keeper_pid()
-    assert d.stop() == 0
-    d.kill_keeper()
-    wait_for(lambda: keeper is None or not is_keeper(keeper, d.state_dir), 10,
-             what="the keeper to die")
-    d.start()
-
-
-def states(d) -> dict[str, str]:
-    return {e["path"]: e["state"] for e in d.cli_json("ls", "-R") if e["type"] == "allocation"}
 
 
 def snapshot_dirs(store: str) -> list[str]:

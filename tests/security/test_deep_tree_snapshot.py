@@ -20,21 +20,14 @@ import pytest
 from daemon.listing import PAGE_BYTES
 from daemon.server.transport import MAX_ANSWER_BYTES
 from gpumemctl import Client
-from gpumemctl.protocol import GpumemError, framing, name_from_bytes
+from gpumemctl.protocol import GpumemError, framing
+from tests.longnames import CHAIN, leaf
 from tests.users import run_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
 
-COMPONENT = name_from_bytes(b"\xff" * 255)          # 255 bytes, 1,530 characters of JSON
-CHAIN = "/".join([COMPONENT] * 15)                   # 3,839 bytes
 LEAVES = 2_700                                       # x ~26 KB: past MAX_ANSWER_BYTES
 USAGE = 2
-
-
-def leaf(i: int) -> str:
-    """The i-th leaf's name: 240 bytes that are never UTF-8 (0xf8-0xff), unique per i."""
-    digits = bytes(0xF8 + (i >> shift & 7) for shift in (9, 6, 3, 0))
-    return name_from_bytes(digits + b"\xff" * 236)
 
 
 def _build_tree(sock: str) -> dict:

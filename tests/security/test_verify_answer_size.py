@@ -17,20 +17,12 @@ import pytest
 
 from daemon.server.verify import VERIFY_ANSWER_BYTES
 from gpumemctl import Client
-from gpumemctl.protocol import name_from_bytes
+from tests.longnames import CHAIN, leaf
 from tests.users import run_as
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
 
-COMPONENT = name_from_bytes(b"\xff" * 255)
-CHAIN = "/".join([COMPONENT] * 15)                  # 3,839 bytes
 COUNT = 2_800                                       # x ~24.5 KB of JSON: past 64 MiB
-
-
-def leaf(i: int) -> str:
-    """240 bytes that are never UTF-8, unique per i."""
-    digits = bytes(0xF8 + (i >> shift & 7) for shift in (9, 6, 3, 0))
-    return name_from_bytes(digits + b"\xff" * 236)
 
 
 def _fill(sock: str) -> int:
