@@ -4,7 +4,8 @@ with their types, NOT NULL and defaults, keys, indexes), with the old one's rows
 
 CHECK constraints are not compared: a migration cannot change one without rebuilding its
 table, and the one difference (an old registry's `state` CHECK still allows 'recovering', a
-state nothing enters) is deliberate (daemon/registry.py, drop_unused_columns)."""
+state nothing enters) is deliberate (daemon/registry/migrations.py, drop_unused_columns).
+Each migration from the schema its own version made: tests/unit/registry/test_migrations.py."""
 from __future__ import annotations
 
 import sqlite3
@@ -12,8 +13,10 @@ import sqlite3
 import pytest
 
 from daemon.registry import ROOT_ID, SCHEMA_VERSION, Registry
+from daemon.verbs.plan import run_sync
 from tests.sizes import MiB
 
+from .registry.oldschemas import needs_drop_column, schema_of
 from .world import ROOT as ROOT_CRED
 from .world import clean
 
@@ -67,10 +70,6 @@ CREATE TABLE events (
 CREATE INDEX events_node ON events (node);
 """
 
-needs_drop_column = pytest.mark.skipif(
-    sqlite3.sqlite_version_info < (3, 35, 0),
-    reason=f"SQLite {sqlite3.sqlite_version} cannot drop columns: schema 5 keeps two unused")
-
 
 def write_v1_registry(path: str) -> None:
     """A registry as schema 1 left it: the root, a durable allocation and an event."""
@@ -89,37 +88,6 @@ def write_v1_registry(path: str) -> None:
     db.execute("PRAGMA user_version=1")
     db.commit()
     db.close()
-
-
-def schema_of(path: str) -> dict:
-    """The schema as SQLite reports it, in a form that does not depend on the order in which
-    tables and indexes were made or on the text of their CREATE statements."""
-    db = sqlite3.connect(path)
-    try:
-        tables = [r[0] for r in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-        out = {"user_version": db.execute("PRAGMA user_version").fetchone()[0]}
-        for table in tables:
-            out[table] = table_shape(db, table)
-        return out
-    finally:
-        db.close()
-
-
-def table_shape(db: sqlite3.Connection, table: str) -> dict:
-    sql = db.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
-    indexes = {}
-    for _, name, unique, origin, partial in db.execute(f"PRAGMA index_list('{table}')"):
-        columns = [r[2] for r in db.execute(f"PRAGMA index_info('{name}')")]
-        indexes[name] = (unique, origin, partial, columns)
-    return {
-        # (name, type, NOT NULL, default, position in the primary key), in column order
-        "columns": [tuple(r[1:]) for r in db.execute(f"PRAGMA table_info('{table}')")],
-        "foreign_keys": sorted(tuple(r[2:]) for r in
-                               db.execute(f"PRAGMA foreign_key_list('{table}')")),
-        "indexes": indexes,
-        "autoincrement": sql is not None and "AUTOINCREMENT" in sql.upper(),
-    }
 
 
 @needs_drop_column
@@ -172,8 +140,8 @@ def test_a_durable_allocation_outlives_the_upgrade_to_schema_5(world):
     """A daemon of schema 4 stops; this one starts on its registry: the allocation is there
     with its bytes, and `info` no longer shows the removed keys."""
     m = world.m
-    m.create("kept", ROOT_CRED, size=MiB, durable=True)
-    m.backend.write(m.lookup("kept", ROOT_CRED).buffer, 0, b"survives")
+    run_sync(m.names.create("kept", ROOT_CRED, size=MiB, durable=True))
+    m.backend.write(m.queries.lookup("kept", ROOT_CRED).buffer, 0, b"survives")
     world.crash()                                   # to a fresh manager on the same files ...
     old = world.m
     old.keeper.close()
@@ -187,10 +155,10 @@ def test_a_durable_allocation_outlives_the_upgrade_to_schema_5(world):
     db.close()
     world.m = m = world._new()                      # the upgraded daemon starts
     assert m.registry.version() == SCHEMA_VERSION
-    info = m.info("kept", ROOT_CRED)
+    info = m.queries.info("kept", ROOT_CRED)
     assert (info["state"], info["size"], info["durable"]) == ("ready", MiB, True)
     assert "parity_generation" not in info and "checksum" not in info
-    assert m.backend.read(m.lookup("kept", ROOT_CRED).buffer, 0, 8) == b"survives"
+    assert m.backend.read(m.queries.lookup("kept", ROOT_CRED).buffer, 0, 8) == b"survives"
     clean(m)
 
 

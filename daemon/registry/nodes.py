@@ -1,0 +1,50 @@
+"""The `nodes` table (every node of the tree, one row each, its first name in the row) and
+the `links` table (a node's further names: hard links)."""
+from __future__ import annotations
+
+from .names import loaded_name, stored_name
+from .schema import Part, inserted_id
+
+
+class Nodes(Part):
+    def load(self) -> list[dict]:
+        rows = self._db.execute("SELECT * FROM nodes ORDER BY id").fetchall()
+        return [{**row, "name": loaded_name(row["name"])} for row in map(dict, rows)]
+
+    def insert(self, **fields) -> int:
+        if "name" in fields:
+            fields["name"] = stored_name(fields["name"])
+        cols = ", ".join(fields)
+        marks = ", ".join("?" for _ in fields)
+        cur = self._db.execute(f"INSERT INTO nodes ({cols}) VALUES ({marks})",
+                               tuple(fields.values()))
+        return inserted_id(cur)
+
+    def update(self, node_id: int, **fields) -> None:
+        if "name" in fields:
+            fields["name"] = stored_name(fields["name"])
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._db.execute(f"UPDATE nodes SET {sets} WHERE id = ?", (*fields.values(), node_id))
+
+    def delete(self, node_id: int) -> None:
+        """The node's row, with its holders and further names (its metadata and damage go
+        by ON DELETE CASCADE)."""
+        self._db.execute("DELETE FROM holders WHERE node = ?", (node_id,))
+        self._db.execute("DELETE FROM links WHERE node = ?", (node_id,))
+        self._db.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
+
+
+class Links(Part):
+    """Hard links: a node's names beyond the one in its row."""
+
+    def load(self) -> list[dict]:
+        rows = self._db.execute("SELECT parent, name, node FROM links ORDER BY rowid")
+        return [{**row, "name": loaded_name(row["name"])} for row in map(dict, rows)]
+
+    def insert(self, parent_id: int, name: str, node_id: int) -> None:
+        self._db.execute("INSERT INTO links (parent, name, node) VALUES (?, ?, ?)",
+                         (parent_id, stored_name(name), node_id))
+
+    def delete(self, parent_id: int, name: str) -> None:
+        self._db.execute("DELETE FROM links WHERE parent = ? AND name = ?",
+                         (parent_id, stored_name(name)))
