@@ -14,9 +14,12 @@ __all__ = ["Attachment", "Client", "Handle", "__version__", "attach"]
 
 
 def __getattr__(name: str):
-    if name in ("Client", "Handle"):
-        from . import client
-        return getattr(client, name)
+    if name == "Client":
+        from .client import Client
+        return Client
+    if name == "Handle":
+        from .handle import Handle
+        return Handle
     if name in ("attach", "Attachment"):
         # The submodule gpumemctl.attach and the function attach() share a name: the module
         # is callable (it calls the function), so whichever binding wins, both uses work.

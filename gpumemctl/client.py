@@ -13,7 +13,11 @@ through pinned staging buffers. CUDA is imported only in the second case.
 A CLI call makes one Client and one request, so what this module imports at the top is paid
 by every `gpumemctl ls`: the C cores `_socket` and `_thread` rather than `socket` and
 `threading` (their Python layers import `enum`, `selectors` and `collections`, several
-milliseconds), and the memory mapping only when an allocation is opened.
+milliseconds), and the memory mapping only when an allocation is opened. Beside it: an
+open allocation (gpumemctl/handle.py), the streaming data paths of read_to/write_from
+(gpumemctl/transfer.py) and what a streaming connection reads (gpumemctl/streams.py), each
+imported when first used. The answers are typed (gpumemctl/protocol/replies.py), for mypy
+only.
 """
 from __future__ import annotations
 
@@ -26,9 +30,7 @@ from _thread import allocate_lock  # what threading.Lock() returns
 from .protocol import (
     PROTOCOL_VERSION,
     NotRunning,
-    PermissionDenied,
     ProtocolError,
-    UsageError,
     default_socket,
     error_from_wire,
     framing,
@@ -45,92 +47,38 @@ from .protocol.defaults import (
     SCRUB_ACTION,
 )
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import BinaryIO
+    from typing import Any, BinaryIO
 
-
-MAX_RANGES = 256        # written ranges a handle reports at close (more are joined)
-
-
-class Handle:
-    """An open allocation: a mapping of its memory and the daemon's lock on it."""
-
-    def __init__(self, client: Client, handle_id: int, fd: int, info: dict, writable: bool,
-                 backend: str = "host"):
-        self.client, self.id, self.info, self.writable = client, handle_id, info, writable
-        self.size, self.backend = info["size"], backend
-        from .memory import open_memory
-        self.memory = open_memory(backend, fd, info, writable)
-        self.map = getattr(self.memory, "map", None)     # the mmap, on the host backend
-        self._written: dict | None = None
-        self._ranges: list[list[int]] = []     # what was written, merged (_note_write)
-        self.restored: dict | None = None    # a refill handle's outcome, sent at close
-
-    def _check_range(self, offset: int, length: int) -> None:
-        if offset < 0 or length < 0 or offset + length > self.size:
-            raise UsageError(f"range {offset}+{length} is outside '{self.info['path']}' "
-                             f"(size {self.size})")
-
-    def read(self, offset: int = 0, length: int | None = None) -> bytes:
-        length = self.size - offset if length is None else length
-        self._check_range(offset, length)
-        return self.memory.read(offset, length)
-
-    def write(self, data, offset: int = 0) -> None:
-        self._check_range(offset, len(data))
-        self.memory.write(offset, data)
-        self._note_write(offset, len(data))
-
-    def _note_write(self, offset: int, length: int) -> None:
-        """Remember the range written: the daemon's change tracking (incremental
-        snapshots) reads only what a handle reports. Kept as merged ranges, at most
-        MAX_RANGES of them (past that the two closest are joined)."""
-        if length <= 0:
-            return
-        ranges = self._ranges
-        ranges.append([offset, offset + length])
-        ranges.sort()
-        merged = [ranges[0]]
-        for a, b in ranges[1:]:
-            if a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        while len(merged) > MAX_RANGES:
-            k = min(range(len(merged) - 1), key=lambda i: merged[i + 1][0] - merged[i][1])
-            merged[k:k + 2] = [[merged[k][0], merged[k + 1][1]]]
-        self._ranges = merged
-        self._written = {"offset": merged[0][0], "end": merged[-1][1]}
-
-    def close(self) -> None:
-        if self.memory is None:
-            return
-        memory, self.memory, self.map = self.memory, None, None
-        written: dict | None = None
-        if len(self._ranges) > 1:
-            written = {"ranges": self._ranges}
-        elif self._written:
-            written = {"offset": self._written["offset"],
-                       "bytes": self._written["end"] - self._written["offset"]}
-        try:
-            memory.close()
-        finally:                 # the lock goes even if unmapping failed
-            if self.restored is not None:
-                self.client.call("close", handle=self.id, written=written,
-                                 restored=self.restored)
-            else:
-                self.client.call("close", handle=self.id, written=written)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    from .attach import Attachment
+    from .handle import Handle
+    from .protocol.replies import (
+        Allocation,
+        CheckResult,
+        Corrupted,
+        Device,
+        Directory,
+        Event,
+        Hello,
+        Holder,
+        MetaRemoved,
+        MetaSet,
+        Node,
+        RecoverResult,
+        ScrubStatus,
+        Status,
+        Symlink,
+        VerifyProgress,
+        VerifyResult,
+    )
+    from .streams import Subscription
 
 
 class Client:
+    """A connection to gpumemd, and the session it is (module docstring)."""
+
     def __init__(self, socket_path: str | None = None, *, client_name: str = "gpumemctl",
                  timeout: float | None = 60.0):
         self.socket_path = socket_path or default_socket()
@@ -152,14 +100,14 @@ class Client:
             reason = reasons.get(exc.errno, exc.strerror)
             raise NotRunning(f"gpumemd is not running: cannot connect to {self.socket_path} "
                              f"({reason})") from None
-        self.hello = self.call("hello", version=PROTOCOL_VERSION, client=client_name)
+        self.hello: Hello = self.call("hello", version=PROTOCOL_VERSION, client=client_name)
 
     # ---- transport ----------------------------------------------------------------------
-    def call_fds(self, op: str, **args) -> tuple[dict, list[int]]:
+    def call_fds(self, op: str, **args) -> tuple[Any, list[int]]:
         return self._call(op, args)
 
-    def _call(self, op: str, args: dict,
-              progress: Callable[[dict], None] | None = None) -> tuple[dict, list[int]]:
+    def _call(self, op: str, args: dict, progress: Callable[[VerifyProgress], None] | None = None
+              ) -> tuple[Any, list[int]]:
         """Send one request and read its answer. `progress` receives the payload of each
         progress frame the daemon sends for it first (verify/recover with progress: true);
         it runs under this Client's lock, so it must not call this Client. Should it
@@ -199,7 +147,8 @@ class Client:
             raise ProtocolError(f"answer to request {reply.get('id')} while waiting for {rid}")
         return reply["result"], fds
 
-    def call(self, op: str, **args) -> dict:
+    def call(self, op: str, **args) -> Any:
+        """One request and its answer (the op's result, as the daemon sent it)."""
         result, fds = self.call_fds(op, **args)
         framing.close_fds(fds)
         return result
@@ -217,18 +166,23 @@ class Client:
                 pass
         self.sock.close()
 
-    def __enter__(self):
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called (a stream reading this connection then ends)."""
+        return self._closed
+
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
     # ---- namespace ----------------------------------------------------------------------
-    def ls(self, path: str = "", *, recursive: bool = False) -> list[dict]:
+    def ls(self, path: str = "", *, recursive: bool = False) -> list[Node]:
         """Every entry, however many answers it takes (walk())."""
         return list(self.walk(path, recursive=recursive))
 
-    def walk(self, path: str = "", *, recursive: bool = True) -> Iterator[dict]:
+    def walk(self, path: str = "", *, recursive: bool = True) -> Iterator[Node]:
         """The entries of `path` (recursively by default), page after page: a listing
         larger than any one answer, held in memory one page at a time (docs/protocol.md,
         "ls by pages"). A daemon that does not page answers everything at once."""
@@ -243,13 +197,13 @@ class Client:
                 raise ProtocolError(f"gpumemd paged 'ls' without moving on from {after!r}")
             after = page["next"]
 
-    def info(self, path: str) -> dict:
+    def info(self, path: str) -> Node:
         return self.call("info", path=path)
 
     def create(self, path: str, size: int | str, *, durable: bool = False, mode: int = FILE_MODE,
                device: str | int | None = None, ecc: str | None = None,
                exist_ok: bool = False, lease: bool = False,
-               metadata: dict[str, str] | None = None) -> dict:
+               metadata: dict[str, str] | None = None) -> Allocation:
         """`ecc` None: the daemon's default (its configuration's `ecc`, else "rs").
         `metadata`: user metadata {key: value} the new allocation gets in the same step
         (see meta_set; an existing one, with `exist_ok`, keeps its own)."""
@@ -262,15 +216,15 @@ class Client:
             args["metadata"] = _metadata_arg(metadata)
         return self.call("create", **args)
 
-    def mkdir(self, path: str, *, mode: int = DIR_MODE, parents: bool = False) -> dict:
+    def mkdir(self, path: str, *, mode: int = DIR_MODE, parents: bool = False) -> Directory:
         return self.call("mkdir", path=path, mode=mode, parents=parents)
 
-    def symlink(self, target: str, path: str) -> dict:
+    def symlink(self, target: str, path: str) -> Symlink:
         """A symbolic link at `path` to `target` (argument order as ln -s and os.symlink);
         returns the link's node."""
         return self.call("symlink", path=path, target=target)
 
-    def link(self, target: str, path: str) -> dict:
+    def link(self, target: str, path: str) -> Node:
         """A hard link: `path` becomes one more name of what `target` names (argument order
         as ln and os.link; `target`'s last component is not followed). The node under its
         new name, with `links` (`info` lists the names)."""
@@ -282,11 +236,12 @@ class Client:
     def remove(self, path: str, *, recursive: bool = False, force: bool = False) -> list[str]:
         return self.call("rm", path=path, recursive=recursive, force=force)["removed"]
 
-    def set_durable(self, path: str, durable: bool = True) -> dict:
+    def set_durable(self, path: str, durable: bool = True) -> Allocation:
         return self.call("durable", path=path, durable=durable)
 
     # ---- data -----------------------------------------------------------------------------
     def open(self, path: str, mode: str = OPEN_MODE) -> Handle:
+        from .handle import Handle
         result, fds = self.call_fds("open", path=path, mode=mode)
         if len(fds) != 1:
             framing.close_fds(fds)
@@ -308,6 +263,7 @@ class Client:
         `handle.restored` set ({damaged: [[start, end], ...]}); without it, it ends `lost`.
         `metadata`: the user metadata it is to have, all of it (None: a new one has none,
         an existing one keeps its own)."""
+        from .handle import Handle
         args: dict = {"path": path, "size": size, "mode": mode, "ecc": ecc,
                       "durable": durable, "device": device, "force": force,
                       "unsealed": unsealed}
@@ -336,14 +292,14 @@ class Client:
         return self.call("meta_get", path=path, key=key)["value"]
 
     def meta_set(self, path: str, key: str, value: str | bytes, *, create: bool = False,
-                 replace: bool = False) -> dict:
+                 replace: bool = False) -> MetaSet:
         """Set one key: {path, key, bytes}. `create`: Exists (5) if it is set already;
         `replace`: NotFound (4) if it is not. Over metadata_max_bytes: UsageError (2); over
         the owner's metadata_user_max_bytes: NoMemory (7)."""
         return self.call("meta_set", path=path, key=key, value=_text(value), create=create,
                          replace=replace)
 
-    def meta_rm(self, path: str, key: str) -> dict:
+    def meta_rm(self, path: str, key: str) -> MetaRemoved:
         """Remove one key: {path, key}; NotFound (4) when it is not set."""
         return self.call("meta_rm", path=path, key=key)
 
@@ -364,20 +320,8 @@ class Client:
         """Stream a range of an allocation to a file object; returns bytes written. Through
         an fd where the daemon gives one; by copy where it does not (a reader on the cuda
         backend: docs/security.md)."""
-        try:
-            h = self.open(path, "r")
-        except PermissionDenied as exc:
-            if not exc.details.get("by_copy"):
-                raise
-            return self._copy_to(path, out, offset, length, progress)
-        with h:
-            length = h.size - offset if length is None else length
-            h._check_range(offset, length)
-            try:
-                return h.memory.read_to(out, offset, length,
-                                        lambda done: progress and progress(done, length))
-            except OSError as exc:
-                raise _naming(exc, out) from None
+        from .transfer import read_to
+        return read_to(self, path, out, offset, length, progress)
 
     def read_copy(self, path: str, offset: int = 0, length: int = READ_COPY_BYTES) -> bytes:
         """Up to `length` (at most READ_COPY_BYTES) bytes at `offset`, copied through the
@@ -386,68 +330,27 @@ class Client:
         answer = self.call("read", path=path, offset=offset, length=length)
         return b64decode(answer["data"])
 
-    def _copy_to(self, path: str, out: BinaryIO, offset: int, length: int | None,
-                 progress: Callable[[int, int], None] | None) -> int:
-        size = self.info(path).get("size") or 0
-        length = max(size - offset, 0) if length is None else length
-        if offset < 0 or length < 0 or offset + length > size:
-            raise UsageError(f"range offset {offset} length {length} is outside "
-                             f"'{path}' (size {size})")
-        done = 0
-        while done < length:
-            data = self.read_copy(path, offset + done, min(READ_COPY_BYTES, length - done))
-            if not data:
-                break
-            try:
-                out.write(data)
-            except OSError as exc:
-                raise _naming(exc, out) from None
-            done += len(data)
-            if progress:
-                progress(done, length)
-        return done
-
     def write_from(self, path: str, src: BinaryIO, offset: int = 0,
                    progress: Callable[[int, int], None] | None = None,
                    total: int | None = None) -> int:
         """Stream a file object into an allocation; fails before writing past its size."""
-        with self.open(path, "rw") as h:
-            if total is not None:
-                h._check_range(offset, total)
-            done = 0
-
-            def advance(n: int) -> None:
-                nonlocal done
-                done = n
-                if progress:
-                    progress(done, total or 0)
-
-            try:
-                too_long = h.memory.write_from(src, offset, h.size - offset, advance)
-            except OSError as exc:
-                raise _naming(exc, src) from None
-            finally:
-                if done:
-                    h._note_write(offset, done)
-            if too_long:
-                raise UsageError(f"input is larger than '{h.info['path']}' from offset "
-                                 f"{offset} (size {h.size}); nothing past the end was written")
-            return done
+        from .transfer import write_from
+        return write_from(self, path, src, offset, progress, total)
 
     # ---- mapping into this process, RDMA ------------------------------------------------
-    def attach(self, path: str, mode: str = OPEN_MODE):
+    def attach(self, path: str, mode: str = OPEN_MODE) -> Attachment:
         """Map an allocation into this process (see gpumemctl.attach); the attachment
         belongs to this connection's session."""
         from .attach import attach
         return attach(path, mode, client=self)
 
-    def revoke(self, path: str) -> list[dict]:
+    def revoke(self, path: str) -> list[Holder]:
         """Take the read handles and read-only attachments of every other session off the
         allocation (its owner, or the administrator); returns them ({id, kind, pid, uid,
         session, since_ns}). Their mappings stay; their close/detach then answers quietly."""
         return self.call("revoke", path=path)["revoked"]
 
-    def seal(self, path: str) -> dict:
+    def seal(self, path: str) -> Allocation:
         """Declare the data written by an attached writer complete (clears `unsealed`)."""
         return self.call("seal", path=path)
 
@@ -463,18 +366,18 @@ class Client:
         return fds[0]
 
     # ---- daemon -------------------------------------------------------------------------
-    def status(self) -> dict:
+    def status(self) -> Status:
         return self.call("status")
 
-    def devices(self) -> list[dict]:
+    def devices(self) -> list[Device]:
         return self.call("devices")["devices"]
 
     def events(self, *, since: int = 0, limit: int = EVENTS_LIMIT,
-               path: str | None = None) -> list[dict]:
+               path: str | None = None) -> list[Event]:
         return self.events_page(since=since, limit=limit, path=path)[0]
 
     def events_page(self, *, since: int = 0, limit: int = EVENTS_LIMIT,
-                    path: str | None = None) -> tuple[list[dict], bool]:
+                    path: str | None = None) -> tuple[list[Event], bool]:
         """events(), and whether the answer is complete: False when older events after
         `since` were left out because one answer carries at most 4 MiB of them (the newest
         are kept; docs/protocol.md, "Limits")."""
@@ -484,14 +387,13 @@ class Client:
         answer = self.call("events", **args)
         return answer["events"], answer.get("complete", True)
 
-    def follow_events(self, *, since: int = 0, limit: int = EVENTS_LIMIT) -> Iterator[dict]:
+    def follow_events(self, *, since: int = 0, limit: int = EVENTS_LIMIT) -> Iterator[Event]:
         """The backlog, then each new event as it commits. Uses up this connection.
         Ends (StopIteration) when this Client is closed, from any thread."""
+        from .streams import follow_events
         self.sock.settimeout(None)
-        yield from self.call("events", since=since, limit=limit, follow=True)["events"]
-        for reply in self._stream_frames():
-            if "event" in reply:
-                yield reply["event"]
+        backlog = self.call("events", since=since, limit=limit, follow=True)["events"]
+        yield from follow_events(self, backlog)
 
     def subscribe(self, since: int | None = None, limit: int = EVENTS_LIMIT) -> Subscription:
         """Live changes, for monitors (docs/protocol.md, `subscribe`): an iterator of
@@ -502,6 +404,7 @@ class Client:
         ~50 ms). Its `last_event` is the newest event id when it started. Uses up this
         connection; close() of this Client, from any thread, ends the iteration. A
         subscriber that falls too far behind is cut off by the daemon: NotRunning."""
+        from .streams import Subscription
         self.sock.settimeout(None)
         args: dict = {"limit": limit}
         if since is not None:
@@ -509,26 +412,12 @@ class Client:
         result = self.call("subscribe", **args)
         return Subscription(self, result)
 
-    def _stream_frames(self) -> Iterator[dict]:
-        """The frames of a stream, until the daemon or close() ends it."""
-        while True:
-            try:
-                reply, fds = framing.recv_frame(self.sock, framing.MAX_RESPONSE_BYTES)
-            except (EOFError, ConnectionError, OSError) as exc:
-                if self._closed:
-                    return
-                if isinstance(exc, (EOFError, ConnectionError)):
-                    raise NotRunning("gpumemd closed the stream") from None
-                raise
-            framing.close_fds(fds)
-            yield reply
-
-    def check(self, *, repair: bool = False) -> dict:
+    def check(self, *, repair: bool = False) -> CheckResult:
         return self.call("check", repair=repair)
 
     # ---- ECC (docs/ecc.md) ------------------------------------------------------------------
-    def _long_call(self, op: str, progress: Callable[[dict], None] | None = None,
-                   **args) -> dict:
+    def _long_call(self, op: str, progress: Callable[[VerifyProgress], None] | None = None,
+                   **args) -> Any:
         """A call that runs as long as the work does (a verify of terabytes): no timeout.
         With `progress`, the daemon sends progress frames first, each passed to it."""
         if progress is not None:
@@ -543,34 +432,27 @@ class Client:
             self.sock.settimeout(before)
 
     def verify(self, paths: list[str] | None = None, *, all: bool = False,
-               repair: bool = False, progress: Callable[[dict], None] | None = None) -> dict:
+               repair: bool = False, progress: Callable[[VerifyProgress], None] | None = None
+               ) -> VerifyResult:
         """`progress` receives {path, done_bytes, total_bytes, allocations_done,
         allocations} up to ~10 times a second (it must not call this Client)."""
         return self._long_call("verify", progress, paths=list(paths or []), all=all,
                                repair=repair)
 
-    def recover(self, path: str, progress: Callable[[dict], None] | None = None) -> dict:
+    def recover(self, path: str, progress: Callable[[VerifyProgress], None] | None = None
+                ) -> RecoverResult:
         return self._long_call("recover", progress, path=path)
 
-    def scrub(self, action: str = SCRUB_ACTION, *, rate: int | None = None) -> dict:
+    def scrub(self, action: str = SCRUB_ACTION, *, rate: int | None = None) -> ScrubStatus:
         args: dict[str, object] = {"action": action}
         if rate is not None:
             args["rate"] = rate
         return self.call("scrub", **args)
 
     def debug_corrupt(self, path: str, *, offset: int, length: int, parity: bool = False,
-                      pattern: str = CORRUPT_PATTERN) -> dict:
+                      pattern: str = CORRUPT_PATTERN) -> Corrupted:
         return self.call("debug_corrupt", path=path, offset=offset, length=length,
                          parity=parity, pattern=pattern)
-
-
-def _naming(exc: OSError, f) -> OSError:
-    """An OSError of the local file `f` (read_to's out, write_from's src) with that file's
-    name, so that the CLI's one line can say which file ("<stdout>" for sys.stdout)."""
-    name = getattr(f, "name", None)
-    if exc.filename is None and isinstance(name, str):
-        exc.filename = name
-    return exc
 
 
 def _text(value: str | bytes) -> str:
@@ -582,31 +464,13 @@ def _metadata_arg(metadata: dict) -> dict:
     return {key: _text(value) for key, value in metadata.items()}
 
 
-class Subscription:
-    """The iterator Client.subscribe() returns; `last_event` is the newest event id when
-    the subscription began (resubscribe with since=last_event to miss nothing)."""
-
-    def __init__(self, client: Client, result: dict):
-        self.client = client
-        self.last_event: int = result.get("last_event", 0)
-        self._items = self._generate(result.get("events", []))
-
-    def _generate(self, backlog: list[dict]) -> Iterator[dict]:
-        for event in backlog:
-            yield {"type": "event", "event": event}
-        for reply in self.client._stream_frames():
-            if "event" in reply:
-                yield {"type": "event", "event": reply["event"]}
-            elif "changed" in reply:
-                yield {"type": "changed", "nodes": reply["changed"].get("nodes", []),
-                       "paths": reply["changed"].get("paths", [])}
-
-    def __iter__(self) -> Subscription:
-        return self
-
-    def __next__(self) -> dict:
-        return next(self._items)
-
-    def close(self) -> None:
-        """End the subscription (closes the Client)."""
-        self.client.close()
+def __getattr__(name: str):
+    """gpumemctl.client.Handle and .Subscription, where they were before they had modules of
+    their own (imported when asked for: most CLI calls never need them)."""
+    if name == "Handle":
+        from .handle import Handle
+        return Handle
+    if name == "Subscription":
+        from .streams import Subscription
+        return Subscription
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,6 +25,10 @@ import stat
 from .protocol import GpumemError, NotRunning, default_state_dir
 from .protocol.errors import INVALID_STATE, OK, REPAIRED
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .protocol.replies import Hello
+
 PASS, WARN, FAIL = "ok", "warn", "fail"
 RANK = {PASS: 0, WARN: 1, FAIL: 2}
 EXIT_STATUS = {PASS: OK, WARN: REPAIRED, FAIL: INVALID_STATE}   # 0, 1, 10
@@ -274,7 +278,7 @@ def _fuse_conf(root: bool) -> Check:
 @dataclasses.dataclass
 class DaemonFacts:
     socket: str
-    hello: dict | None = None
+    hello: Hello | None = None
     state_dir: str | None = None
     uid: int | None = None          # the daemon's uid, from /proc/PID
     error: Exception | None = None  # GpumemError, or OSError (e.g. timed out)

@@ -1,6 +1,7 @@
 """How values are read from and written for people, shared by the CLI and the TUI
-(`gpumemctl top`). Standard library only, imported where used: the CLI loads this module on
-its fast path (gpumemctl/fastargs.py), where every module counts.
+(`gpumemctl top`). Standard library only, imported where used: the CLI loads this module
+for the human output of its fast path (gpumemctl/cli/plain.py), where every module counts.
+The daemon's answers it reads are typed in gpumemctl/protocol/replies.py.
 
 Nothing here prints Python's `None`, `True` or a list repr: a value that is not known is
 `-` (or `n/a` for GPU telemetry that NVML cannot give), and a field without a value is left
@@ -12,6 +13,10 @@ import datetime
 import functools
 
 from .protocol import UsageError, format_size
+
+TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
+if TYPE_CHECKING:
+    from .protocol.replies import Device, Event
 
 
 def parse_mode(text: str) -> int:
@@ -49,7 +54,7 @@ def epoch(iso: str) -> float:
     return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def event_line(e: dict, *, date: bool = True) -> str:
+def event_line(e: Event, *, date: bool = True) -> str:
     """One event as `gpumemctl events` prints it; without `date`, the time of day only
     and no id (the TUI's narrow events panel). Details without a value are left out."""
     import datetime
@@ -96,20 +101,21 @@ def yes_no(value) -> str:
     return "n/a" if value is None else ("YES" if value else "no")
 
 
-def memory_use(d: dict) -> str:
+def memory_use(d: Device) -> str:
     """NVML's view (every process on the GPU) where there is one, else the backend's."""
-    if d.get("memory_used") is not None and d.get("memory_total") is not None:
-        return f"{format_size(d['memory_used'])}/{format_size(d['memory_total'])}"
+    used, total = d.get("memory_used"), d.get("memory_total")
+    if used is not None and total is not None:
+        return f"{format_size(used)}/{format_size(total)}"
     return f"{format_size(d['total'] - d['free'])}/{format_size(d['total'])}"
 
 
-def power(d: dict) -> str:
+def power(d: Device) -> str:
     if d.get("power_w") is None:
         return "n/a"
     return f"{d['power_w']:.0f}/{na(d.get('power_limit_w'), '{:.0f}')}W"
 
 
-def ecc_mode(d: dict) -> str:
+def ecc_mode(d: Device) -> str:
     now, pending = d.get("ecc_enabled"), d.get("ecc_enabled_pending")
     if now is None:
         return "n/a"
@@ -119,24 +125,24 @@ def ecc_mode(d: dict) -> str:
     return text
 
 
-def uncorrected(d: dict) -> str:
+def uncorrected(d: Device) -> str:
     vol, agg = d.get("ecc_volatile_uncorrected"), d.get("ecc_aggregate_uncorrected")
     return "n/a" if vol is None and agg is None else f"{na(vol)}/{na(agg)}"
 
 
-def remapped(d: dict) -> str:
+def remapped(d: Device) -> str:
     pending, failure = d.get("remapped_pending"), d.get("remapped_failure")
     return "n/a" if pending is None and failure is None else \
         f"{yes_no(pending)}/{yes_no(failure)}"
 
 
-def pcie(d: dict) -> str:
+def pcie(d: Device) -> str:
     if d.get("pcie_gen") is None and d.get("pcie_width") is None:
         return "n/a"
     return f"gen{na(d.get('pcie_gen'))} x{na(d.get('pcie_width'))}"
 
 
-def telemetry_summary(d: dict) -> str:
+def telemetry_summary(d: Device) -> str:
     """The essentials of one GPU on one line (for `status`)."""
     if d.get("telemetry") != "nvml":
         return f"telemetry {d.get('telemetry') or 'unavailable'}"

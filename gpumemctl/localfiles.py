@@ -2,7 +2,7 @@
 directories other users can write (issue 24; docs/cli.md, "Local files").
 
 Errors: an OSError on a path the user named becomes one line naming the path and the
-errno's words, and the exit status of its errno (`file_error`; gpumemctl/actions.py
+errno's words, and the exit status of its errno (`file_error`; gpumemctl/cli/context.py
 `report` is where every command's errors meet).
 
 Output (`save`): a file is written crash-safe, never through a name someone else chose:

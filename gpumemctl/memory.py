@@ -25,6 +25,8 @@ if TYPE_CHECKING:       # imported where used: `gpumemctl ls` loads this module,
     import ctypes
     from concurrent.futures import ThreadPoolExecutor
 
+    from .protocol.replies import Allocation
+
 from .protocol import InternalError, InvalidState
 
 HOST_CHUNK = 8 << 20     # per write() to a file object on the host path
@@ -42,11 +44,11 @@ SNAPSHOT_CHUNK = 256 << 20   # drain/fill's pieces on the host backend (gpumemct
 Advance = Callable[[int], None]    # called with the bytes moved so far
 
 
-def open_memory(backend: str, fd: int, info: dict, writable: bool):
+def open_memory(backend: str, fd: int, info: Allocation, writable: bool):
     """Map the memory behind `fd` (taking ownership of the fd)."""
     if backend == "cuda":
         return CudaMemory(fd, info, writable)
-    return HostMemory(fd, info["capacity"], writable)
+    return HostMemory(fd, info["capacity"], writable)  # type: ignore[arg-type]  # not pending
 
 
 # Regular files move through the staging buffers in parallel pieces (preadv/pwrite release the
@@ -298,16 +300,16 @@ def warm_up(device: str | int) -> threading.Thread:
 class CudaMemory:
     """An allocation on a GPU, mapped into this process (see the module docstring)."""
 
-    def __init__(self, fd: int, info: dict, writable: bool, chunk: int = CUDA_CHUNK):
+    def __init__(self, fd: int, info: Allocation, writable: bool, chunk: int = CUDA_CHUNK):
         try:
             from . import cudadrv
         except ImportError as exc:  # pragma: no cover - cudadrv itself imports nothing
             raise InternalError(f"cannot load gpumemctl.cudadrv: {exc}") from None
         self.cu, self.chunk, self.writable = cudadrv, chunk, writable
-        self.capacity = info["capacity"]
+        self.capacity: int = info["capacity"]  # type: ignore[assignment]  # open: not pending
         self._stager = None
         try:
-            self.device = cudadrv.device_index(info["device"])
+            self.device = cudadrv.device_index(info["device"])  # type: ignore[arg-type]
             with cudadrv.context(self.device):
                 handle = cudadrv.import_fd(fd)
         except cudadrv.CudaError as exc:
@@ -456,7 +458,7 @@ class CudaMemory:
         self.mapping.close()
 
 
-def _client_error(info: dict, exc) -> Exception:
+def _client_error(info: Allocation, exc) -> Exception:
     """A CUDA failure on the client side, as one line for the user."""
     from . import cudadrv
     what = f"'{info.get('path')}' lives on GPU {info.get('device')} (cuda backend)"

@@ -11,6 +11,22 @@ from __future__ import annotations
 import dataclasses
 import math
 
+TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .protocol.replies import (
+        DaemonInfo,
+        Device,
+        KeeperInfo,
+        ScrubCounts,
+        ScrubLast,
+        ScrubLifetime,
+        ScrubSummary,
+        Status,
+        Totals,
+    )
+
 STATES = ("pending", "ready", "degraded", "lost", "restoring")   # docs/design.md
 SNAPSHOT_RESULTS = ("ok", "damaged", "failed", "partial")
 
@@ -64,7 +80,7 @@ def up_family(up: bool) -> Family:
     return family
 
 
-def collect(status: dict) -> list[Family]:
+def collect(status: Status) -> list[Family]:
     r = Registry()
     r.families["gpumemd_up"] = up_family(True)
     _daemon(r, status.get("daemon") or {})
@@ -84,14 +100,14 @@ def collect(status: dict) -> list[Family]:
     return [f for f in r.families.values() if f.samples]
 
 
-def _daemon(r: Registry, d: dict) -> None:
+def _daemon(r: Registry, d: DaemonInfo) -> None:
     r.gauge("gpumemd_info", "always 1; the labels say which gpumemd this is", 1,
             version=str(d.get("version", "")), backend=str(d.get("backend", "")),
             keeper=str(d.get("keeper_kind", "")))
     r.gauge("gpumemd_uptime_seconds", "seconds since gpumemd started", d.get("uptime_s"))
 
 
-def _totals(r: Registry, t: dict) -> None:
+def _totals(r: Registry, t: Totals) -> None:
     by_state = dict.fromkeys(STATES, 0)
     by_state.update(t.get("by_state") or {})
     for state, count in by_state.items():
@@ -110,7 +126,7 @@ def _totals(r: Registry, t: dict) -> None:
             t.get("holders"))
 
 
-def _keeper(r: Registry, k: dict) -> None:
+def _keeper(r: Registry, k: KeeperInfo) -> None:
     kind = str(k.get("kind", ""))
     r.gauge("gpumemd_keeper_up", "1 if the keeper (or systemd's fd store) answers",
             bool(k.get("alive")), kind=kind)
@@ -160,7 +176,7 @@ NVML = (
 )
 
 
-def _device(r: Registry, dev: dict) -> None:
+def _device(r: Registry, dev: Device) -> None:
     labels = {"device": str(dev.get("uuid", "")), "index": str(dev.get("index", ""))}
     r.gauge("gpumemd_device_memory_total_bytes", "device memory (the backend's view)",
             dev.get("total"), **labels)
@@ -170,12 +186,12 @@ def _device(r: Registry, dev: dict) -> None:
             "parity included", dev.get("ours"), **labels)
     for field, name, type_, help_, scale in NVML:
         value = dev.get(field)
-        if value is None or isinstance(value, str):
+        if not isinstance(value, int | float):      # None (NVML cannot say), or text
             continue
         r(name, type_, help_).add(value * scale if scale != 1 else value, **labels)
 
 
-def _scrub(r: Registry, s: dict) -> None:
+def _scrub(r: Registry, s: ScrubSummary) -> None:
     state = s.get("state")
     if state in (None, "unavailable"):
         return
@@ -183,7 +199,7 @@ def _scrub(r: Registry, s: dict) -> None:
     if state == "running":
         r.gauge("gpumemd_scrub_progress_ratio", "share of the running scrub done",
                 s.get("progress"))
-    life = s.get("lifetime") or {}
+    life: ScrubLifetime | dict[str, int] = s.get("lifetime") or {}
     r.counter("gpumemd_scrub_runs_total", "scrubs that ended (finished or stopped)",
               life.get("runs"))
     r.counter("gpumemd_scrub_bytes_total", "bytes scrubbed by the scrubs that ended",
@@ -194,9 +210,9 @@ def _scrub(r: Registry, s: dict) -> None:
               "ended", life.get("corrected"))
     r.counter("gpumemd_scrub_uncorrectable_blocks_total", "blocks found damaged beyond "
               "repair by the scrubs that ended", life.get("uncorrectable"))
-    last = s.get("last") or {}
+    last: ScrubLast | dict[str, Any] = s.get("last") or {}
     if last:
-        totals = last.get("totals") or {}
+        totals: ScrubCounts | dict[str, int] = last.get("totals") or {}
         finished = last.get("finished_ns")
         r.gauge("gpumemd_scrub_last_finish_timestamp_seconds", "when the last scrub ended "
                 "(Unix time)", None if finished is None else finished / 1e9)

@@ -2,7 +2,7 @@
 
 A user error is one line on stderr ("gpumemctl: error: ..."); a bug prints its traceback.
 An OSError writing stdout (a full disk, a closed pipe) comes out of every writer here with
-its `filename` set to STDOUT_NAME, so that gpumemctl/actions.py `report` can name stdout in
+its `filename` set to STDOUT_NAME, so that gpumemctl/cli/context.py `report` can name stdout in
 its one line (docs/cli.md, "Local files").
 Every line for a person goes through `escape()` here, and only here (callers pass raw
 names): a name's newline or ESC is shown as `\\n` or `\\x1b`, never obeyed

@@ -5,7 +5,7 @@
 
 Writes OUTDIR/bash/gpumemctl, OUTDIR/zsh/_gpumemctl and OUTDIR/fish/gpumemctl.fish (the
 names each shell looks for in its completion directory). The scripts are click's; what they
-complete is answered at TAB time by gpumemctl itself (gpumemctl/completion.py).
+complete is answered at TAB time by gpumemctl itself (gpumemctl/cli/completion.py).
 tests/ops/test_generated.py regenerates into a temporary directory and fails on any
 difference from what is committed.
 """
@@ -17,7 +17,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from gpumemctl.completion import SCRIPT_NAMES, script  # noqa: E402
+from gpumemctl.cli.completion import SCRIPT_NAMES, script  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

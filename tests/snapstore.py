@@ -20,7 +20,7 @@ import tempfile
 
 import xxhash  # noqa: F401 - block checksums, loaded before run_as drops root
 
-import gpumemctl.commands  # the typer app, loaded before run_as drops root
+import gpumemctl.cli.typerapp  # the typer app, loaded before run_as drops root
 import gpumemctl.memory  # noqa: F401 - a handle's mapping, loaded before run_as drops root
 from gpumemctl.cli import run as cli_run
 from gpumemctl.snapshots import engine  # noqa: F401 - loads every snapshot module

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.text import Text
@@ -23,6 +23,8 @@ from textual.notifications import SeverityLevel
 from gpumemctl.formats import duration
 from gpumemctl.protocol import GpumemError, NotRunning, format_size
 from gpumemctl.protocol.escape import escape
+from gpumemctl.protocol.replies import Event, Node
+from gpumemctl.protocol.replies import VerifyProgress as ProgressFrame
 
 from .messages import (
     ActionDone,
@@ -99,10 +101,10 @@ class GpumemApp(App):
         self._fetching = self._fetch_again = self._soon = False
         self._down: NotRunningScreen | None = None
         self._verify: VerifyScreen | None = None
-        self._detail: dict | None = None
+        self._detail: Node | None = None
         self._last_event = 0            # the newest event id seen (resubscribe after it)
-        self.verify_frames: list[dict] = []   # progress of the last verify/recover
-        self._unshown: list[dict] = []  # events that came before the panel existed
+        self.verify_frames: list[ProgressFrame] = []   # progress of the last verify/recover
+        self._unshown: list[Event] = []  # events that came before the panel existed
 
     def get_default_screen(self) -> MainScreen:
         return self.main
@@ -188,7 +190,7 @@ class GpumemApp(App):
         self._show_events()
         self._follow_selection(allocations.selected_entry)
 
-    def _follow_selection(self, entry: dict | None) -> None:
+    def _follow_selection(self, entry: Node | None) -> None:
         """The detail follows the table's selection. The panel's Selected message brings
         it; every draw checks as well, because that message was seen lost (a CI run, about
         one start in 50) when it was posted while the screen was still mounting."""
@@ -246,7 +248,8 @@ class GpumemApp(App):
             self._detail = None
             self.main.query_one(DetailPanel).show(None)
             return
-        keep = self._detail if self._detail and self._detail["path"] == entry["path"] else {}
+        keep: Mapping[str, Any] = self._detail \
+            if self._detail and self._detail["path"] == entry["path"] else {}
         self.main.query_one(DetailPanel).show({**entry, **{k: v for k, v in keep.items()
                                                             if k not in entry}})
         self._fetch_detail(entry["path"])
@@ -266,7 +269,7 @@ class GpumemApp(App):
             self.main.query_one(DetailPanel).show(message.info)
 
     # ---- actions ------------------------------------------------------------------------
-    def _selected(self, want_allocation: bool = False) -> dict | None:
+    def _selected(self, want_allocation: bool = False) -> Node | None:
         entry = self.main.query_one(AllocationsPanel).selected_entry
         if entry is None or (want_allocation and entry["type"] != "allocation"):
             self.notify("select an allocation first" if want_allocation
@@ -331,10 +334,12 @@ class GpumemApp(App):
         if entry["type"] == "directory":
             question = (f"Remove the directory {entry['path']} and everything below it "
                         f"({entry['entries']} entries directly inside)?")
-        else:
+        elif entry["type"] == "allocation":
             question = (f"Free {entry['path']} ({format_size(entry['size'])}, "
                         f"{'durable' if entry['durable'] else 'transient'})? "
                         "Its data is gone for good.")
+        else:                           # a link or special file: a name, no memory
+            question = f"Remove the {entry['type']} {entry['path']}?"
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -373,7 +378,7 @@ class GpumemApp(App):
 
     @work(thread=True, exit_on_error=False, group="verify")
     def _verify_worker(self, title: str, method: str, args: tuple, kwargs: dict) -> None:
-        def progress(p: dict) -> None:
+        def progress(p: ProgressFrame) -> None:
             self.post_message(VerifyProgress(p))
         try:
             result = self.source.call(method, *args, progress=progress, **kwargs)

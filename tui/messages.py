@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from textual.message import Message
 
+from gpumemctl.protocol.replies import Event, Node
+from gpumemctl.protocol.replies import VerifyProgress as ProgressFrame
+
 from .model import Snapshot
 
 
@@ -22,7 +25,7 @@ class DaemonDown(Message):
 
 
 class EventArrived(Message):
-    def __init__(self, event: dict) -> None:
+    def __init__(self, event: Event) -> None:
         super().__init__()
         self.event = event
 
@@ -38,7 +41,7 @@ class NodesChanged(Message):
 class DetailReady(Message):
     """`info` of the selected entry (with holders)."""
 
-    def __init__(self, info: dict) -> None:
+    def __init__(self, info: Node) -> None:
         super().__init__()
         self.info = info
 
@@ -56,7 +59,7 @@ class ActionFailed(Message):
 
 
 class VerifyProgress(Message):
-    def __init__(self, progress: dict) -> None:
+    def __init__(self, progress: ProgressFrame) -> None:
         super().__init__()
         self.progress = progress
 

@@ -12,12 +12,13 @@ import time
 
 from gpumemctl.formats import age, epoch  # noqa: F401 - epoch: model.epoch, as before
 from gpumemctl.protocol import format_size
+from gpumemctl.protocol.replies import Device, Node, ScrubSummary, Status
 
 
 @dataclasses.dataclass
 class Snapshot:
-    status: dict                      # `status`: daemon, keeper, devices, totals, scrub
-    entries: list[dict]               # `ls -R` of the root: nodes, parents before children
+    status: Status                    # `status`: daemon, keeper, devices, totals, scrub
+    entries: list[Node]               # `ls -R` of the root: nodes, parents before children
     fetched_ms: float = 0.0           # how long the two calls took
     taken_at: float = dataclasses.field(default_factory=time.time)
 
@@ -26,11 +27,11 @@ class Snapshot:
         self.device_index = {d["uuid"]: d["index"] for d in self.status.get("devices", [])}
 
     @property
-    def devices(self) -> list[dict]:
+    def devices(self) -> list[Device]:
         return self.status.get("devices", [])
 
     @property
-    def scrub(self) -> dict:
+    def scrub(self) -> ScrubSummary:
         return self.status.get("scrub", {})
 
 
@@ -50,12 +51,14 @@ def relative(path: str, cwd: str) -> str:
     return path[len(cwd) + 1:] if cwd else path
 
 
-def holders(entry: dict) -> int:
+def holders(entry: Node) -> int:
     """Holders without the durable pin (docs/design.md: refcount = holders + durable pin)."""
+    if entry["type"] != "allocation":
+        return 0
     return entry.get("refcount", 0) - (1 if entry.get("durable") else 0)
 
 
-def visible(entries: list[dict], cwd: str, text: str) -> list[dict]:
+def visible(entries: list[Node], cwd: str, text: str) -> list[Node]:
     """The entries the table shows: the children of `cwd`, or with a filter, every entry
     below `cwd` whose path (relative to cwd) contains the text, ignoring case."""
     if not text:
@@ -65,14 +68,15 @@ def visible(entries: list[dict], cwd: str, text: str) -> list[dict]:
             and needle in relative(e["path"], cwd).lower()]
 
 
-def sort_value(entry: dict, key: str, device_index: dict):
+def sort_value(entry: Node, key: str, device_index: dict):
     """A sort key: directories first, then by the column; a missing value sorts last."""
+    value: object
     if key == "name":
         value = entry["path"].lower()
     elif key == "holders":
         value = holders(entry) if entry["type"] == "allocation" else None
     elif key == "device":
-        value = device_index.get(entry.get("device"))
+        value = device_index.get(entry["device"]) if entry["type"] == "allocation" else None
     elif key == "snapshot":
         value = entry.get("snapshot_time")       # ISO times sort as times
     else:
@@ -82,8 +86,8 @@ def sort_value(entry: dict, key: str, device_index: dict):
     return (entry["type"] != "directory", value is None, value if value is not None else 0)
 
 
-def sorted_entries(entries: list[dict], key: str, reverse: bool, device_index: dict
-                   ) -> list[dict]:
+def sorted_entries(entries: list[Node], key: str, reverse: bool, device_index: dict
+                   ) -> list[Node]:
     rows = sorted(entries, key=lambda e: sort_value(e, key, device_index), reverse=reverse)
     if reverse:   # directories stay on top either way
         rows.sort(key=lambda e: e["type"] != "directory")
@@ -97,7 +101,7 @@ def device_label(uuid: str | None, device_index: dict) -> str:
     return str(index) if index is not None else uuid[:8]
 
 
-def row_cells(entry: dict, cwd: str, device_index: dict, now: float) -> tuple[str, ...]:
+def row_cells(entry: Node, cwd: str, device_index: dict, now: float) -> tuple[str, ...]:
     """The table's text for one entry (the order of COLUMNS)."""
     name = relative(entry["path"], cwd)
     links = str(entry.get("links", ""))     # st_nlink: a hard-linked file's names

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from gpumemctl.client import Client
 from gpumemctl.protocol import NotRunning, ProtocolError, default_socket
+from gpumemctl.protocol.replies import Change, Node
 
 from .model import Snapshot
 
@@ -56,7 +57,7 @@ class DaemonSource:
             self._client = None
 
     # ---- subscription -----------------------------------------------------------------
-    def subscribe(self, since: int | None, backlog: int = 100) -> Iterator[dict]:
+    def subscribe(self, since: int | None, backlog: int = 100) -> Iterator[Change]:
         """Events (after `since`, or else the last `backlog` ones) and change notices, until
         the daemon goes away (NotRunning) or close() is called (the iterator just ends)."""
         client = Client(self.socket_path, client_name="gpumemctl-top", timeout=None)
@@ -84,7 +85,7 @@ class DaemonSource:
         with Client(self.socket_path, client_name="gpumemctl-top") as client:
             return getattr(client, method)(*args, **kwargs)
 
-    def info(self, path: str) -> dict:
+    def info(self, path: str) -> Node:
         return self.call("info", path)
 
     @property

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import manifest as fmt
+from .iopool import io_pool
 from .manifest import BLOCK, SnapshotDamaged
-from .stores import io_pool
 from .trust import Trust
 
 Progress = Callable[[int, int, str], None]     # (bytes done, bytes total, detail)

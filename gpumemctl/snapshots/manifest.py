@@ -3,7 +3,7 @@
 A snapshot is a directory (or an object-store prefix) `snap-<UTC time>-<random>` in a store:
 
     <store>/snap-20261123T141500.123456Z-3fa9c1/manifest.json     written last: the commit
-    <store>/snap-20261123T141500.123456Z-3fa9c1/data/<n>.bin      data objects (engine.py stripes
+    <store>/snap-20261123T141500.123456Z-3fa9c1/data/<n>.bin      data objects (striping.py stripes
                                                                    an allocation over up to 16)
     <store>/snap-20261123T141500.123456Z-3fa9c1/lock.json         only while it is written
     <store>/snap-20261123T141500.123456Z-3fa9c1/retired.json      removed, data still used

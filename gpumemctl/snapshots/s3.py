@@ -1,6 +1,6 @@
 """Snapshots in an S3-compatible bucket (AWS S3, MinIO, Ceph RGW, moto...), through obstore.
 
-The same calls as DirStore (gpumemctl/snapshots/stores.py), for a location
+The same calls as DirStore (gpumemctl/snapshots/dirstore.py), for a location
 `s3://bucket/prefix` (the prefix may be empty or have several parts; a trailing slash is
 allowed). Keys are relative to the prefix: `snap-.../manifest.json` is the object
 `prefix/snap-.../manifest.json` of the bucket.
@@ -40,7 +40,8 @@ flight) and read back by parallel ranged GETs. An upload that is neither complet
 (a killed process) leaves parts that S3 keeps, invisible, until a lifecycle rule
 (AbortIncompleteMultipartUpload) removes them: configure one on buckets used for snapshots.
 
-obstore is imported here only: open_store() imports this module for s3:// locations alone.
+obstore is imported here and in s3errors.py (its errors as ours) only: open_store() imports
+this module for s3:// locations alone.
 """
 from __future__ import annotations
 
@@ -49,12 +50,13 @@ import re
 from typing import Any
 
 import obstore
-from obstore.exceptions import BaseError, PermissionDeniedError, UnauthenticatedError
+from obstore.exceptions import BaseError
 from obstore.store import S3Store as _ObStore
 
-from ..protocol import GpumemError, NotFound, PermissionDenied, UsageError
+from ..protocol import UsageError
+from .iopool import PIECE, io_pool
 from .manifest import NAME_RE, SnapshotDamaged
-from .stores import PIECE, io_pool
+from .s3errors import OBSTORE_ERRORS, Errors, http_status, missing
 
 PART_SIZE = 32 << 20       # multipart part size: objects up to 10,000 parts = 312 GiB
 CONCURRENCY = 16           # parts uploading at once (each a copy of PART_SIZE bytes in memory)
@@ -68,7 +70,6 @@ _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout",
                 "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate", "proxy_excludes",
                 "randomize_addresses", "read_timeout", "timeout", "user_agent")
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
-_OBSTORE_ERRORS = (BaseError, OSError)     # obstore raises FileNotFoundError, OSError too
 
 
 def _client_options() -> dict[str, Any]:
@@ -97,93 +98,6 @@ def _parse(location: str) -> tuple[str, str]:
                          "(a bucket name, then path segments that are neither empty, '.' nor "
                          "'..')")
     return bucket, prefix
-
-
-# ---- obstore's errors, as the project's ----------------------------------------------------
-def _no_bucket(exc: BaseException) -> bool:
-    return "<Code>NoSuchBucket</Code>" in str(exc)
-
-
-def _missing(exc: BaseException) -> bool:
-    """A missing object (not a missing bucket, which S3 reports with the same 404)."""
-    return isinstance(exc, FileNotFoundError) and not _no_bucket(exc)
-
-
-def _status(text: str) -> int | None:
-    m = re.search(r"status code: (\d{3})", text) or re.search(r"status: (\d{3})", text)
-    return int(m.group(1)) if m else None
-
-
-def _endpoint(text: str) -> str:
-    m = re.search(r"Error performing \w+ (https?://[^/\s]+)", text)
-    return m.group(1) if m else "the S3 endpoint"
-
-
-def _cause(text: str) -> str | None:
-    """The cause, deepest in obstore's debug text: an OS error's message, a resolver's
-    error, a connector's label, or a TLS error's name."""
-    for pattern in (r'message: "([^"]*)"', r'error: "([^"]*)"', r'ConnectError\(\s*"([^"]*)"'):
-        m = re.search(pattern, text)
-        if m:
-            return " ".join(m.group(1).split())
-    m = re.search(r"error: (\w+)\(\s*(\w+),?\s*\)", text)
-    return f"{m.group(1)}({m.group(2)})" if m else None
-
-
-def _retries(text: str) -> str:
-    m = re.search(r"after (\d+) retries", text.split("\n\nDebug source:")[0])
-    return f" (after {m.group(1)} retries)" if m else ""
-
-
-def _detail(exc: BaseException) -> str:
-    """What went wrong, in one line, from obstore's many-line message."""
-    text = str(exc)
-    head = text.split("\n\nDebug source:")[0]
-    code = re.search(r"<Code>([^<]*)</Code>", text)
-    if code:
-        message = re.search(r"<Message>([^<]*)</Message>", text)
-        return f"{code.group(1)}: {message.group(1)}" if message else code.group(1)
-    status = re.search(r"status code: (\d{3}[^:\n]*)", head)
-    if status:
-        return f"HTTP {status.group(1).strip()}"
-    line = re.sub(r"^Generic \w+ error: ", "", " ".join(head.split()))
-    if " - " in line:
-        line = line.rsplit(" - ", 1)[1]
-    cause = _cause(text)
-    return (f"{line}: {cause}" if cause else line)[:300] + _retries(text)
-
-
-def _error(exc: BaseException, what: str, location: str, bucket: str) -> GpumemError:
-    text = str(exc)
-    if _no_bucket(exc):
-        return NotFound(f"snapshot store {location}: bucket {bucket!r} does not exist")
-    if "Missing AccessKeyId" in text or "Missing SecretAccessKey" in text:
-        return UsageError(f"{what}: incomplete AWS credentials ({_detail(exc)}): set both "
-                          "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    if "169.254.169.254" in text or "169.254.170.2" in text:
-        return UsageError(f"{what}: no AWS credentials (set AWS_ACCESS_KEY_ID and "
-                          f"AWS_SECRET_ACCESS_KEY; instance credentials: {_detail(exc)})")
-    if isinstance(exc, PermissionDeniedError | UnauthenticatedError) \
-            or _status(text) in (401, 403):
-        return PermissionDenied(f"permission denied: {what} ({_detail(exc)})")
-    if "kind: Connect" in text or "tcp connect error" in text or "dns error" in text:
-        return UsageError(f"{what}: cannot reach {_endpoint(text)}: "
-                          f"{_cause(text) or 'error sending request'}{_retries(text)}")
-    return UsageError(f"{what}: {_detail(exc)}")
-
-
-class _Errors:
-    """`with store._errors(what):` turns obstore's exceptions into the project's."""
-
-    def __init__(self, store: S3Store, what: str):
-        self.store, self.what = store, what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is not None and isinstance(exc, _OBSTORE_ERRORS):
-            raise _error(exc, self.what, self.store.location, self.store.bucket) from None
 
 
 class _Aborted(Exception):
@@ -225,7 +139,7 @@ class S3Writer:
             self._open = False
             try:
                 self._w.__exit__(_Aborted, _Aborted("aborted"), None)
-            except _OBSTORE_ERRORS:
+            except OBSTORE_ERRORS:
                 pass        # the upload is left to the bucket's lifecycle rule
 
 
@@ -238,7 +152,7 @@ class S3Reader:
             try:
                 meta = obstore.head(store._s, key)
             except FileNotFoundError as exc:
-                if not _missing(exc):
+                if not missing(exc):
                     raise
                 raise SnapshotDamaged(f"data object {key} is missing") from None
         self.size = int(meta["size"])
@@ -264,11 +178,11 @@ class S3Reader:
             try:
                 got = obstore.get_range(self.store._s, self.key, start=at, length=len(piece))
             except FileNotFoundError as exc:
-                if not _missing(exc):
+                if not missing(exc):
                     raise
                 raise SnapshotDamaged(f"data object {self.key} is missing") from None
             except BaseError as exc:
-                if _status(str(exc)) != 416:       # 416: starts after the object's end
+                if http_status(str(exc)) != 416:       # 416: starts after the object's end
                     raise
                 raise SnapshotDamaged(f"data object {self.key} ends before {at} bytes") from None
         if len(got) != len(piece):
@@ -295,8 +209,8 @@ class S3Store:
         with self._errors(f"cannot open snapshot store {location}"):
             next(iter(obstore.list(self._s, None, chunk_size=1)), None)
 
-    def _errors(self, what: str) -> _Errors:
-        return _Errors(self, what)
+    def _errors(self, what: str) -> Errors:
+        return Errors(self, what)
 
     def close(self) -> None:
         """Nothing held open between requests."""
@@ -337,11 +251,11 @@ class S3Store:
             try:
                 return bytes(obstore.get_range(self._s, key, start=0, length=limit + 1))
             except FileNotFoundError as exc:
-                if not _missing(exc):
+                if not missing(exc):
                     raise
                 return None
             except BaseError as exc:
-                if _status(str(exc)) != 416:
+                if http_status(str(exc)) != 416:
                     raise
                 return b""      # an empty object: S3 cannot satisfy a range of it
 
@@ -365,7 +279,7 @@ class S3Store:
             try:
                 obstore.delete(self._s, key)
             except FileNotFoundError as exc:
-                if not _missing(exc):
+                if not missing(exc):
                     raise
 
     def keys(self, snapshot: str) -> list[str]:
@@ -382,6 +296,6 @@ class S3Store:
             try:
                 return int(obstore.head(self._s, key)["size"])
             except FileNotFoundError as exc:
-                if not _missing(exc):
+                if not missing(exc):
                     raise
                 return None

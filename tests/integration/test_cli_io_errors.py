@@ -24,10 +24,10 @@ from safetensors.numpy import save_file
 # What the CLI imports as it runs (typer, safetensors...), imported here: the child that runs
 # it as 65534 cannot read the interpreter's library under /root (tests/users.py).
 import gpumemctl.cli
-import gpumemctl.commands
+import gpumemctl.cli.typerapp
+import gpumemctl.cli.weights
 import gpumemctl.memory
 import gpumemctl.weights
-import gpumemctl.weights_cli
 from tests.harness import child_env, script_argv
 from tests.users import NOBODY, run_as
 

@@ -20,7 +20,7 @@ MiB, BLOCK = 1 << 20, 128 * 1024
 
 @pytest.fixture(scope="module")
 def command_tree() -> click.Group:
-    from gpumemctl.commands import build_command
+    from gpumemctl.cli.typerapp import build_command
     return build_command()
 
 
@@ -231,7 +231,7 @@ def test_a_clean_verify_without_repair_changes_nothing(ecc_daemon):
     (["rm", "-r", "-f", "nothere", "m"], ["rm", "-rf", "nothere", "m"]),
 ], ids=lambda argv: " ".join(argv))
 def test_the_fast_path_and_typer_print_the_same(daemon, fast, through_typer):
-    from gpumemctl.fastargs import parse
+    from gpumemctl.cli.plain import parse
     assert parse(fast) is not None and parse(through_typer) is None
     results = []
     for argv in (fast, through_typer):

@@ -23,7 +23,7 @@ import tempfile
 import pytest
 import xxhash  # noqa: F401 - loaded before run_as drops root (tests/users.py): block checksums
 
-import gpumemctl.commands  # the typer app: loaded before run_as drops root
+import gpumemctl.cli.typerapp  # the typer app: loaded before run_as drops root
 import gpumemctl.memory  # noqa: F401 - a handle's mapping, loaded before run_as drops root
 from gpumemctl import Client
 from gpumemctl.cli import run as cli_run

@@ -1,4 +1,4 @@
-"""The CLI's fast path (gpumemctl/fastargs.py) against typer and click, which it stands in
+"""The CLI's fast path (gpumemctl/cli/plain.py) against typer and click, which it stands in
 for: the same options, arguments and defaults, the same parse of real command lines, and
 every command line it is not sure of left to typer. Also its JSON codec against `json`."""
 from __future__ import annotations
@@ -10,8 +10,9 @@ import math
 import click
 import pytest
 
-from gpumemctl import actions, fastargs
-from gpumemctl.commands import build_command
+from gpumemctl.cli import context as actions
+from gpumemctl.cli import plain as fastargs
+from gpumemctl.cli.typerapp import build_command
 from gpumemctl.protocol import jsontext
 
 GROUP = build_command()
@@ -53,7 +54,7 @@ def test_each_fast_command_reads_as_click_declares_it(name):
 
 @pytest.mark.parametrize("name", sorted(fastargs.COMMANDS))
 def test_both_paths_run_one_body_with_the_declared_defaults(name):
-    cmd, body = GROUP.commands[name], getattr(actions, name)
+    cmd, body = GROUP.commands[name], fastargs.find(name).body
     assert cmd.callback.body is body
     signature = inspect.signature(body).parameters
     assert list(signature) == [p.name for p in cmd.params]
@@ -100,7 +101,7 @@ def test_plain_command_lines_read_as_click_reads_them(argv, socket_env, monkeypa
         monkeypatch.setenv("GPUMEMD_SOCKET", socket_env)
     call = fastargs.parse(argv)
     assert call is not None, "the fast path should take this command line"
-    body = getattr(actions, call.command)
+    body = fastargs.find(call.command).body
     defaults = {n: p.default for n, p in inspect.signature(body).parameters.items()
                 if p.default is not inspect.Parameter.empty}
     assert (call.command, {**defaults, **call.params}, call.socket, call.json) == \

@@ -13,6 +13,7 @@ from textual.widgets import ProgressBar, Static
 
 from gpumemctl.protocol import format_size
 from gpumemctl.protocol.escape import escape
+from gpumemctl.protocol.replies import VerifyProgress
 
 from ..model import rate_text
 
@@ -24,7 +25,7 @@ class VerifyScreen(ModalScreen[None]):
         super().__init__()
         self.title_text = title
         self.started = time.monotonic()
-        self.progress: dict = {}        # the latest progress frame
+        self.progress: VerifyProgress | None = None    # the latest progress frame
 
     def compose(self):
         with Vertical(id="dialog", classes="verify"):
@@ -32,7 +33,7 @@ class VerifyScreen(ModalScreen[None]):
             yield ProgressBar(total=None, show_eta=False, id="verify-bar")
             yield Static("starting…", id="verify-status")
 
-    def show(self, p: dict) -> None:
+    def show(self, p: VerifyProgress) -> None:
         self.progress = p
         total, done = p.get("total_bytes") or 0, p.get("done_bytes") or 0
         self.query_one("#verify-bar", ProgressBar).update(total=max(total, 1), progress=done)

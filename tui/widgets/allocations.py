@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.widgets import Input, Static
 
 from gpumemctl.protocol.escape import escape
+from gpumemctl.protocol.replies import Node
 
 from .. import model
 from ..model import COLUMN_KEYS, COLUMNS, Snapshot
@@ -50,7 +51,7 @@ class AllocationsPanel(Vertical):
     class Selected(Message):
         """The cursor is on another entry (None: the table is empty)."""
 
-        def __init__(self, entry: dict | None) -> None:
+        def __init__(self, entry: Node | None) -> None:
             super().__init__()
             self.entry = entry
 
@@ -60,7 +61,7 @@ class AllocationsPanel(Vertical):
         self.sort_key, self.reverse = "name", False
         self.snapshot: Snapshot | None = None
         self.now = 0.0
-        self._selected: dict | None = None   # the entry last announced
+        self._selected: Node | None = None   # the entry last announced
 
     def compose(self):
         yield Static(id="alloc-title")
@@ -112,7 +113,7 @@ class AllocationsPanel(Vertical):
             self.post_message(self.Selected(entry))
 
     @property
-    def selected_entry(self) -> dict | None:
+    def selected_entry(self) -> Node | None:
         path = self.table.selected_path
         return self.snapshot.by_path.get(path) if (self.snapshot and path) else None
 

@@ -1,6 +1,9 @@
 """The detail panel: everything `gpumemctl info` shows about the selected entry."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
@@ -14,7 +17,8 @@ FIRST = ("path", "type", "target", "state", "size", "capacity", "device", "durab
          "verified", "snapshot", "snapshot_time", "holders", "refcount", "damaged")
 
 
-def info_lines(info: dict) -> Text:
+def info_lines(info: Mapping[str, Any]) -> Text:
+    """Every field of a node (`info`'s, or a listing's while that comes), by name."""
     keys = [k for k in FIRST if k in info] + sorted(k for k in info if k not in FIRST)
     text = Text()
     for key in keys:
@@ -35,7 +39,7 @@ def info_lines(info: dict) -> Text:
 
 
 class DetailPanel(VerticalScroll):
-    _shown: dict | None = None
+    _shown: Mapping[str, Any] | None = None
     def compose(self):
         yield Static(Text("nothing selected", style="dim"), id="detail-body")
 
@@ -43,7 +47,7 @@ class DetailPanel(VerticalScroll):
     def shown_path(self) -> str | None:
         return self._shown.get("path") if self._shown else None
 
-    def show(self, info: dict | None) -> None:
+    def show(self, info: Mapping[str, Any] | None) -> None:
         if info == self._shown:           # unchanged: no relayout
             return
         self._shown = info

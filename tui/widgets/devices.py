@@ -6,11 +6,12 @@ from rich.text import Text
 from textual.widgets import Static
 
 from gpumemctl.protocol import format_size
+from gpumemctl.protocol.replies import Device
 
 BAR_WIDTH = 24
 
 
-def memory_split(d: dict) -> tuple[int, int, int, int]:
+def memory_split(d: Device) -> tuple[int, int, int, int]:
     """(total, ours, others, free) in bytes. NVML counts every process (ours included);
     without NVML the backend's own total/free are all there is."""
     total = d.get("memory_total") or d.get("total") or 0
@@ -38,7 +39,7 @@ def _na(value, fmt: str = "{}") -> str:
     return "n/a" if value is None else fmt.format(value)
 
 
-def telemetry(d: dict) -> Text:
+def telemetry(d: Device) -> Text:
     """Utilisation, temperature, power, ECC and remapped rows; warnings stand out."""
     if d.get("telemetry") != "nvml":
         return Text(d.get("telemetry") or "no telemetry", style="dim")
@@ -57,7 +58,7 @@ def telemetry(d: dict) -> Text:
     return text
 
 
-def device_line(d: dict) -> Text:
+def device_line(d: Device) -> Text:
     """Two lines: memory, then telemetry; cut (not wrapped) to the panel's width."""
     total, ours, others, free = memory_split(d)
     line = Text(f"{d['index']} ", style="bold", no_wrap=True, overflow="ellipsis")
@@ -68,7 +69,7 @@ def device_line(d: dict) -> Text:
     return line
 
 
-def compact_line(d: dict) -> Text:
+def compact_line(d: Device) -> Text:
     """One line a device, for servers with many GPUs: bar, ours/free, temp, util, alarms."""
     total, ours, others, free = memory_split(d)
     line = Text(f"{d['index']} ", style="bold", no_wrap=True, overflow="ellipsis")
@@ -92,7 +93,7 @@ class DevicesPanel(Static):
 
     _shown: list | None = None
 
-    def show(self, devices: list[dict]) -> None:
+    def show(self, devices: list[Device]) -> None:
         if devices == self._shown:           # unchanged: no relayout
             return
         self._shown = devices

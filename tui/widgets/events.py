@@ -6,6 +6,7 @@ from textual.widgets import RichLog
 
 from gpumemctl.formats import event_line
 from gpumemctl.protocol.escape import escape
+from gpumemctl.protocol.replies import Event
 
 ALARMING = {"damage", "lost", "orphan", "unsealed"}
 
@@ -15,7 +16,7 @@ class EventsPanel(RichLog):
         super().__init__(max_lines=1000, wrap=False, markup=False, **kwargs)
         self.last_id = 0
 
-    def add(self, event: dict) -> None:
+    def add(self, event: Event) -> None:
         if event["id"] <= self.last_id:           # a backlog replayed after a reconnect
             return
         self.last_id = event["id"]

@@ -3,6 +3,7 @@ otherwise (the numbers of `gpumemctl scrub status`)."""
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
 
 from rich.text import Text
 from textual.containers import Vertical
@@ -10,16 +11,17 @@ from textual.widgets import ProgressBar, Static
 
 from gpumemctl.formats import duration
 from gpumemctl.protocol import format_size
+from gpumemctl.protocol.replies import ScrubLast, ScrubSummary
 
 from ..model import rate_text
 
 
-def _counts(t: dict) -> str:
+def _counts(t: Mapping[str, object]) -> str:
     return (f"{t.get('corrected', 0)} repaired, {t.get('uncorrectable', 0)} uncorrectable, "
             f"{t.get('skipped', 0)} skipped")
 
 
-def last_result(last: dict | None) -> Text:
+def last_result(last: ScrubLast | None) -> Text:
     if not last:
         return Text("no scrub has run yet", style="dim")
     t = last.get("totals", {})
@@ -31,14 +33,14 @@ def last_result(last: dict | None) -> Text:
 
 
 class ScrubPanel(Vertical):
-    _shown: dict | None = None
+    _shown: ScrubSummary | None = None
     def compose(self):
         yield Static(id="scrub-state")
         yield ProgressBar(total=100, show_eta=False, show_percentage=False,
                           id="scrub-bar")
         yield Static(id="scrub-result")
 
-    def show(self, scrub: dict) -> None:
+    def show(self, scrub: ScrubSummary) -> None:
         if scrub == self._shown:           # unchanged: no relayout
             return
         self._shown = scrub

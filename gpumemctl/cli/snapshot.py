@@ -1,5 +1,6 @@
 """`gpumemctl snapshot create|restore|verify|ls|rm` (docs/snapshots.md): the declarations and
-what each prints. The work is gpumemctl/snapshots/engine.py's.
+what each prints. The work is gpumemctl/snapshots/'s (engine.py names it), imported only when
+one of them runs.
 
 Exit codes as everywhere (docs/cli.md): 0 done; 8 a snapshot (or a restored allocation) has
 damage, named; 9 an allocation was skipped because a writer held it; 4 no such store or
@@ -10,39 +11,32 @@ write a store, and what a restore trusts").
 from __future__ import annotations
 
 import time
-from typing import Annotated
 
-import typer
+from .. import output
+from ..protocol import NotRunning, format_size
+from ..protocol.errors import BUSY, INVALID_STATE, OK, PERMISSION, UNCORRECTABLE
+from .context import connect, want_json
+from .declare import JSON, Arg, Group, Opt
 
-from . import output
-from .actions import connect, want_json
-from .protocol import GpumemError, NotRunning, format_size
-from .protocol.errors import BUSY, INVALID_STATE, OK, PERMISSION, UNCORRECTABLE
-from .subapp import run_body
+commands = Group()
+snapshot = commands.group("snapshot", help="Snapshots of durable allocations to a directory "
+                                           "or s3://bucket/prefix, and restores from them "
+                                           "(docs/snapshots.md).", no_args_is_help=True)
 
-snapshot_app = typer.Typer(help="Snapshots of durable allocations to a directory or "
-                                "s3://bucket/prefix, and restores from them "
-                                "(docs/snapshots.md).", no_args_is_help=True)
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout (for scripts).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress meter and no "
-                                        "summary when all went well (for cron).")]
-WhereArg = Annotated[str, typer.Argument(help="A directory or s3://bucket/prefix holding "
-                                              "snapshots.")]
-SrcArg = Annotated[str, typer.Argument(help="A snapshot store (a directory or "
-                                            "s3://bucket/prefix), or one snapshot in it: "
-                                            "STORE/snap-...")]
-NamesArg = Annotated[list[str] | None, typer.Argument(
-    help="Allocations or directories (everything under them); default: all.")]
-TrustOpt = Annotated[list[str] | None, typer.Option(
-    "--trust-uid", metavar="UID",
-    help="Also trust snapshot files this uid (or user name) owns, as your own and root's "
-         "are; repeatable. For a store written under another uid (NFS root_squash: 65534); "
-         "docs/snapshots.md.")]
+QUIET = Opt("--quiet", "-q", help="No progress meter and no summary when all went well (for "
+                                  "cron).")
+WHERE = Arg("A directory or s3://bucket/prefix holding snapshots.")
+SRC = Arg("A snapshot store (a directory or s3://bucket/prefix), or one snapshot in it: "
+          "STORE/snap-...")
+NAMES = Arg("Allocations or directories (everything under them); default: all.")
+TRUST = Opt("--trust-uid", metavar="UID",
+            help="Also trust snapshot files this uid (or user name) owns, as your own and "
+                 "root's are; repeatable. For a store written under another uid (NFS "
+                 "root_squash: 65534); docs/snapshots.md.")
 
 
 def _trusted(values: list[str] | None) -> frozenset[int]:
-    from .snapshots.trust import parse_uids
+    from ..snapshots.trust import parse_uids
     return parse_uids(values)
 
 
@@ -65,18 +59,18 @@ def _report(**report) -> None:
         pass
 
 
-@snapshot_app.command("create")
-@run_body
-def create(dest: WhereArg, names: NamesArg = None,
-           incremental: Annotated[bool, typer.Option(
-               "--incremental", "-i", help="Write only the blocks changed since the newest "
-                                           "snapshot in DEST; refer to it for the rest.")]
-           = False,
-           trust_uid: TrustOpt = None, quiet: QuietOpt = False, json_: JsonOpt = False):
+@snapshot.command(
+    "create", dest=WHERE, names=NAMES,
+    incremental=Opt("--incremental", "-i", help="Write only the blocks changed since the "
+                                                "newest snapshot in DEST; refer to it for "
+                                                "the rest."),
+    trust_uid=TRUST, quiet=QUIET, json_=JSON)
+def create(dest: str, names: list[str] | None = None, incremental: bool = False,
+           trust_uid: list[str] | None = None, quiet: bool = False, json_: bool = False):
     """Snapshot allocations into a new snapshot in DEST (default: every durable allocation
     you may read). A lost one is carried over from the newest snapshot in DEST that holds
     it; exit 9 if a writer held one, 10 if a lost one is in no snapshot there."""
-    from .snapshots import engine
+    from ..snapshots import engine
     meter = _meter("snapshot", quiet)
     with connect() as c:
         backend = c.hello.get("backend", "host")
@@ -117,25 +111,22 @@ def _rate(result: dict) -> str:
     return f"{format_size(result['rate'])}/s" if result.get("rate") else "-"
 
 
-@snapshot_app.command("restore")
-@run_body
-def restore(src: SrcArg, names: NamesArg = None,
-            as_: Annotated[str | None, typer.Option(
-                "--as", help="Restore under this directory prefix instead of the saved "
-                             "names.")] = None,
-            device: Annotated[str | None, typer.Option(
-                "--device", help="Device index or UUID for the allocations made.")] = None,
-            force: Annotated[bool, typer.Option(
-                "--force", help="Restore over existing allocations you may write (their "
-                                "data is replaced).")] = False,
-            lost_only: Annotated[bool, typer.Option(
-                "--lost-only", help="Only refill allocations in state lost; create "
-                                    "nothing.")] = False,
-            trust_uid: TrustOpt = None, quiet: QuietOpt = False, json_: JsonOpt = False):
+@snapshot.command(
+    "restore", src=SRC, names=NAMES,
+    as_=Opt("--as", help="Restore under this directory prefix instead of the saved names."),
+    device=Opt("--device", help="Device index or UUID for the allocations made."),
+    force=Opt("--force", help="Restore over existing allocations you may write (their data "
+                              "is replaced)."),
+    lost_only=Opt("--lost-only", help="Only refill allocations in state lost; create "
+                                      "nothing."),
+    trust_uid=TRUST, quiet=QUIET, json_=JSON)
+def restore(src: str, names: list[str] | None = None, as_: str | None = None,
+            device: str | None = None, force: bool = False, lost_only: bool = False,
+            trust_uid: list[str] | None = None, quiet: bool = False, json_: bool = False):
     """Recreate allocations from a snapshot, or refill `lost` ones in place: from a store,
     each from the newest complete snapshot you trust that holds it. Every block is checked
     on the way in; one that fails is never served (the allocation is `degraded`, exit 8)."""
-    from .snapshots import engine
+    from ..snapshots import engine
     meter = _meter("restore", quiet)
     with connect() as c:
         try:
@@ -191,13 +182,12 @@ def _ranges(ranges: list) -> str:
     return ", ".join(f"{a}-{b}" for a, b in ranges[:8]) + (" ..." if len(ranges) > 8 else "")
 
 
-@snapshot_app.command("verify")
-@run_body
-def verify(src: SrcArg, trust_uid: TrustOpt = None, quiet: QuietOpt = False,
-           json_: JsonOpt = False):
+@snapshot.command("verify", src=SRC, trust_uid=TRUST, quiet=QUIET, json_=JSON)
+def verify(src: str, trust_uid: list[str] | None = None, quiet: bool = False,
+           json_: bool = False):
     """Check every snapshot in a store (or the one named) that you trust: manifests and
     every block. Exit 0 clean, 8 damaged (named), 6 one was not checked (not trusted)."""
-    from .snapshots import engine
+    from ..snapshots import engine
     meter = _meter("verify", quiet)
     started = time.monotonic()
     try:
@@ -233,12 +223,11 @@ def verify(src: SrcArg, trust_uid: TrustOpt = None, quiet: QuietOpt = False,
     return PERMISSION if result["untrusted"] else OK
 
 
-@snapshot_app.command("ls")
-@run_body
-def ls(src: WhereArg, trust_uid: TrustOpt = None, json_: JsonOpt = False):
+@snapshot.command("ls", src=WHERE, trust_uid=TRUST, json_=JSON)
+def ls(src: str, trust_uid: list[str] | None = None, json_: bool = False):
     """List the snapshots in a store: complete, untrusted (a restore passes it over),
     partial, in progress, damaged or retired, and who owns each."""
-    from .snapshots import engine
+    from ..snapshots import engine
     rows = engine.list_snapshots(src, trust_uids=_trusted(trust_uid))
     if want_json(json_):
         output.emit_json(rows)
@@ -261,16 +250,16 @@ def ls(src: WhereArg, trust_uid: TrustOpt = None, json_: JsonOpt = False):
     return OK
 
 
-@snapshot_app.command("rm")
-@run_body
-def rm(src: SrcArg,
-       keep: Annotated[int | None, typer.Option(
-           "--keep", min=0, help="Keep the newest N complete snapshots you trust; remove "
-                                 "the rest of yours and every partial one.")] = None,
-       trust_uid: TrustOpt = None, json_: JsonOpt = False):
+@snapshot.command(
+    "rm", src=SRC,
+    keep=Opt("--keep", min=0, help="Keep the newest N complete snapshots you trust; remove "
+                                   "the rest of yours and every partial one."),
+    trust_uid=TRUST, json_=JSON)
+def rm(src: str, keep: int | None = None, trust_uid: list[str] | None = None,
+       json_: bool = False):
     """Remove one snapshot (STORE/snap-...), or all but the newest N (--keep N); others'
     snapshots are left alone. Data a kept incremental snapshot refers to stays."""
-    from .snapshots import engine
+    from ..snapshots import engine
     result = engine.remove(src, keep, trust_uids=_trusted(trust_uid))
     if want_json(json_):
         output.emit_json(result)
@@ -285,5 +274,3 @@ def rm(src: SrcArg,
                         "snapshots refer to")
     return OK
 
-
-__all__ = ["GpumemError", "snapshot_app"]

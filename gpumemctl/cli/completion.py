@@ -48,7 +48,7 @@ def _classes() -> dict:
 def _command():
     import typer
 
-    from .cli import app
+    from .typerapp import app
     return typer.main.get_command(app)
 
 
@@ -90,7 +90,7 @@ def allocation_names(socket_path: str | None, incomplete: str) -> list[tuple[str
     that shells complete up to the `/` and keep going instead of ending the word there."""
     head, _slash, _tail = incomplete.rpartition("/")
     try:
-        from .client import Client
+        from ..client import Client
         with Client(socket_path, client_name="gpumemctl-complete",
                     timeout=DAEMON_TIMEOUT) as client:
             matches = _matching(client, head, incomplete)
@@ -104,14 +104,14 @@ def allocation_names(socket_path: str | None, incomplete: str) -> list[tuple[str
 def _matching(client, directory: str, prefix: str) -> list[dict]:
     """Names with a control character are left out: a candidate is a line to the shell,
     and a newline in one would forge a second candidate (nobody types those names anyway)."""
-    from .protocol.escape import has_controls
+    from ..protocol.escape import has_controls
     entries = client.ls(directory)
     return [e for e in entries if e["path"].startswith(prefix) and e["path"] != directory
             and not has_controls(e["path"])]
 
 
 def _candidate(entry: dict) -> tuple[str, str]:
-    from .protocol import format_size
+    from ..protocol import format_size
     if entry["type"] == "directory":
         return entry["path"] + "/", "directory"
     size = format_size(entry["size"]) if entry.get("size") is not None else "pending"

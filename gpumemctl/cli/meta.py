@@ -10,30 +10,18 @@ permission to set or remove); 7 past the owner's metadata_user_max_bytes.
 from __future__ import annotations
 
 import sys
-from typing import Annotated
 
-import typer
+from .. import output
+from .context import connect, want_json
+from .declare import JSON, Arg, Group, Opt
 
-from . import output
-from .actions import connect, want_json
-from .subapp import run_body
+commands = Group()
+meta = commands.group("meta", help="User metadata: small key-value pairs kept on an "
+                                   "allocation or a directory, also its user.KEY attributes "
+                                   "on the mount.", no_args_is_help=True)
 
-meta_app = typer.Typer(help="User metadata: small key-value pairs kept on an allocation or "
-                            "a directory, also its user.KEY attributes on the mount.",
-                       no_args_is_help=True)
-
-
-def complete_name(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
-    """TAB on a name: ask the daemon (gpumemctl/completion.py)."""
-    from .completion import allocation_names
-    return allocation_names(ctx.find_root().params.get("socket"), incomplete)
-
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON on stdout (for scripts).")]
-NameArg = Annotated[str, typer.Argument(help="Allocation or directory name, e.g. "
-                                             "models/llama.", autocompletion=complete_name)]
-KeyArg = Annotated[str, typer.Argument(help="Metadata key: 1 to 250 bytes, no NUL, not "
-                                            "starting 'gpu.'.")]
+NAME = Arg("Allocation or directory name, e.g. models/llama.", complete=True)
+KEY = Arg("Metadata key: 1 to 250 bytes, no NUL, not starting 'gpu.'.")
 
 
 def _raw(text: str) -> bytes:
@@ -41,9 +29,8 @@ def _raw(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-@meta_app.command("ls")
-@run_body
-def ls(name: NameArg, json_: JsonOpt = False):
+@meta.command("ls", name=NAME, json_=JSON)
+def ls(name: str, json_: bool = False):
     """Every key of NAME's metadata with its value, one `key=value` per line (escaped for
     the terminal as names are: docs/cli.md)."""
     with connect() as c:
@@ -55,9 +42,8 @@ def ls(name: NameArg, json_: JsonOpt = False):
         output.data(f"{key}={value}")
 
 
-@meta_app.command("get")
-@run_body
-def get(name: NameArg, key: KeyArg, json_: JsonOpt = False):
+@meta.command("get", name=NAME, key=KEY, json_=JSON)
+def get(name: str, key: str, json_: bool = False):
     """The value of KEY, and a newline. To a terminal it is escaped as names are; into a
     pipe or a file its bytes are written as they are. Exit 4 if KEY is not set."""
     with connect() as c:
@@ -70,16 +56,14 @@ def get(name: NameArg, key: KeyArg, json_: JsonOpt = False):
         output.raw(_raw(result["value"]) + b"\n")
 
 
-@meta_app.command("set")
-@run_body
-def set_(name: NameArg, key: KeyArg,
-         value: Annotated[str, typer.Argument(help="The value (any bytes, empty too), or - "
-                                                   "to read it from stdin.")],
-         create: Annotated[bool, typer.Option(
-             "--create", help="Fail (exit 5) if KEY is set already.")] = False,
-         replace: Annotated[bool, typer.Option(
-             "--replace", help="Fail (exit 4) if KEY is not set.")] = False,
-         json_: JsonOpt = False):
+@meta.command(
+    "set", name=NAME, key=KEY,
+    value=Arg("The value (any bytes, empty too), or - to read it from stdin."),
+    create=Opt("--create", help="Fail (exit 5) if KEY is set already."),
+    replace=Opt("--replace", help="Fail (exit 4) if KEY is not set."),
+    json_=JSON)
+def set_(name: str, key: str, value: str, create: bool = False, replace: bool = False,
+         json_: bool = False):
     """Set KEY of NAME's metadata to VALUE. Exit 2 past metadata_max_bytes for NAME, 7 past
     the owner's metadata_user_max_bytes."""
     if value == "-":
@@ -92,9 +76,8 @@ def set_(name: NameArg, key: KeyArg,
         output.note(f"set {key} of {result['path']}: {result['bytes']} bytes")
 
 
-@meta_app.command("rm")
-@run_body
-def rm(name: NameArg, key: KeyArg, json_: JsonOpt = False):
+@meta.command("rm", name=NAME, key=KEY, json_=JSON)
+def rm(name: str, key: str, json_: bool = False):
     """Remove KEY from NAME's metadata. Exit 4 if it is not set."""
     with connect() as c:
         result = c.meta_rm(name, key)

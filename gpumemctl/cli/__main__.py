@@ -1,0 +1,5 @@
+"""`python -m gpumemctl.cli` (gpumemd's own snapshots: daemon/autosnap.py)."""
+from . import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""`gpumemctl ls|info|create|mkdir|rm|ln|durable|transient|revoke`: names, the nodes they name
+and what is set on them. Most of these are the commands scripts run in loops, declared
+`plain` (gpumemctl/cli/plain.py runs them without typer), so this module imports no more
+than their bodies need: gpumemctl.formats (datetime, functools) only for a person's output,
+never for --json."""
+from __future__ import annotations
+
+import time
+
+from .. import output
+from ..protocol import GpumemError, format_size, parse_size
+from ..protocol.defaults import DIR_MODE, FILE_MODE
+from ..protocol.errors import OK
+from .context import connect, want_json
+from .declare import DEVICE, DURABLE, ECC, JSON, NAME, NAMES, NODE, Arg, Group, Opt
+from .declare import FILE_MODE as MODE
+
+TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
+if TYPE_CHECKING:
+    from ..protocol.replies import Node
+
+commands = Group()
+
+
+@commands.command(
+    "ls", plain=True,
+    path=Arg("Directory or allocation to list (default: the top).", complete=True),
+    long=Opt("-l", "--long", help="Long listing."),
+    recursive=Opt("-R", "--recursive", help="List directories' contents too."),
+    json_=JSON)
+def ls(path: str = "", long: bool = False, recursive: bool = False, json_: bool = False):
+    """List allocations and directories."""
+    with connect() as c:
+        entries = c.ls(path, recursive=recursive)
+    if want_json(json_):
+        output.emit_json(entries)
+    elif long:
+        output.table([_ls_row(e) for e in entries],
+                     ["MODE", "OWNER", "SIZE", "CAPACITY", "DEVICE", "DURABILITY", "STATE",
+                      "ECC", "REFS", "LINKS", "MODIFIED", "SNAPSHOT", "NAME"],
+                     right={2, 3, 8, 9})
+    else:
+        for e in entries:
+            output.data(e["path"] + ("/" if e["type"] == "directory" else ""))
+
+
+# `ls -l`'s type letter and STATE word of the nodes that are not allocations.
+_LS_KINDS = {"directory": ("d", "dir"), "symlink": ("l", "link"), "fifo": ("p", "fifo"),
+             "socket": ("s", "socket"), "char-device": ("c", "chardev"),
+             "block-device": ("b", "blockdev")}
+
+
+def _ls_row(e: Node) -> list[str]:
+    from ..formats import age
+    name = e["path"] + ("/" if e["type"] == "directory" else "")
+    if e["type"] == "symlink":
+        name += f" -> {e['target']}"
+    if e["type"] != "allocation":
+        size = f"{e.get('major')},{e.get('minor')}" if "major" in e else "-"
+        return [_mode_string(e), f"{e['uid']}:{e['gid']}", size, "-", "-", "-",
+                _LS_KINDS[e["type"]][1], "-", "-", str(e["links"]), e["modified"][:19], "-",
+                name]
+    return [_mode_string(e), f"{e['uid']}:{e['gid']}", format_size(e["size"]),
+            format_size(e["capacity"]), (e["device"] or "-")[:13],
+            "durable" if e["durable"] else "transient", e["state"], e["ecc"],
+            str(e["refcount"]), str(e["links"]), e["modified"][:19],
+            age(e.get("snapshot_time"), time.time(), never="-"), name]
+
+
+def _mode_string(e: Node) -> str:
+    mode = int(e["mode"], 8)
+    kind = _LS_KINDS.get(e["type"], ("-",))[0]
+    bits = "".join(ch if mode & (1 << (8 - i)) else "-" for i, ch in enumerate("rwxrwxrwx"))
+    if mode & 0o1000:
+        bits = bits[:8] + ("t" if mode & 1 else "T")
+    return kind + bits
+
+
+@commands.command(
+    "create", plain=True, name=NAME,
+    size=Opt("--size", "-s", help="e.g. 4096, 64K, 1.5G, 2GB."),
+    durable=DURABLE, device=DEVICE, mode=MODE, ecc=ECC,
+    exist_ok=Opt("--exist-ok", help="Succeed if it exists with this size."),
+    json_=JSON)
+def create(name: str, size: str, durable: bool = False, device: str | None = None,
+           mode: str = f"{FILE_MODE:04o}", ecc: str | None = None, exist_ok: bool = False,
+           json_: bool = False):
+    """Allocate NAME (missing parent directories are created)."""
+    from ..formats import parse_mode
+    nbytes, bits = parse_size(size), parse_mode(mode)
+    with connect() as c:
+        info = c.create(name, nbytes, durable=durable, mode=bits, device=device, ecc=ecc,
+                        exist_ok=exist_ok)
+    if want_json(json_):
+        output.emit_json(info)
+    else:
+        output.note(f"created {info['path']}: {format_size(info['size'])} (capacity "
+                    f"{format_size(info['capacity'])}) on {info['device']}, "
+                    f"{'durable' if info['durable'] else 'transient'}")
+
+
+@commands.command(
+    "mkdir", plain=True,
+    name=Arg("Directory name, e.g. models.", complete=True),
+    parents=Opt("-p", "--parents", help="Create missing parents; no error if it exists."),
+    mode=Opt("--mode", help="Octal permissions."),
+    json_=JSON)
+def mkdir(name: str, parents: bool = False, mode: str = f"{DIR_MODE:04o}", json_: bool = False):
+    """Create a directory."""
+    from ..formats import parse_mode
+    with connect() as c:
+        info = c.mkdir(name, mode=parse_mode(mode), parents=parents)
+    if want_json(json_):
+        output.emit_json(info)
+
+
+def _each(names: list[str], action, json_: bool) -> int:
+    """Apply `action(client, name)` to each name, carrying on past errors like rm(1).
+    Exit status: the first error's code, else 0."""
+    code, results = OK, []
+    with connect() as c:
+        for name in names:
+            try:
+                results.append({"name": name, "ok": True, "result": action(c, name)})
+            except GpumemError as exc:
+                output.error(str(exc))
+                results.append({"name": name, "ok": False, "error": exc.to_wire()})
+                code = code or exc.code
+    if want_json(json_):
+        output.emit_json(results)
+    return code
+
+
+@commands.command(
+    "rm", plain=True,
+    names=Arg("One or more allocations (directories with -r).", complete=True),
+    recursive=Opt("-r", "-R", "--recursive", help="Remove directories and their contents."),
+    force=Opt("-f", "--force",
+              help="Remove even while held; memory goes with the last holder."),
+    json_=JSON)
+def rm(names: list[str], recursive: bool = False, force: bool = False, json_: bool = False):
+    """Free allocations (and, with -r, directories)."""
+    return _each(names, lambda c, n: c.remove(n, recursive=recursive, force=force), json_)
+
+
+@commands.command(
+    "ln",
+    target=Arg("With -s: what the link points to, a path relative to the link's directory, "
+               "or an absolute path (followed by the daemon only under its mount point). "
+               "Without: an existing name (not followed)."),
+    name=Arg("The link to make, e.g. models/current.", complete=True),
+    symbolic=Opt("-s", "--symbolic", help="Make a symbolic link."),
+    json_=JSON)
+def ln(target: str, name: str, symbolic: bool = False, json_: bool = False):
+    """Make NAME one more name of TARGET (a hard link), or with -s a symbolic link to it."""
+    with connect() as c:
+        info = c.symlink(target, name) if symbolic else c.link(target, name)
+    if want_json(json_):
+        output.emit_json(info)
+
+
+@commands.command("durable", plain=True, names=NAMES, json_=JSON)
+def durable(names: list[str], json_: bool = False):
+    """Mark allocations durable: they survive client and daemon crashes."""
+    return _each(names, lambda c, n: c.set_durable(n, True), json_)
+
+
+@commands.command("transient", plain=True, names=NAMES, json_=JSON)
+def transient(names: list[str], json_: bool = False):
+    """Mark allocations transient: freed when the daemon stops."""
+    return _each(names, lambda c, n: c.set_durable(n, False), json_)
+
+
+@commands.command("info", plain=True, name=NODE, json_=JSON)
+def info(name: str, json_: bool = False):
+    """Everything known about one allocation or directory."""
+    with connect() as c:
+        data = c.info(name)
+    if want_json(json_):
+        output.emit_json(data)
+        return
+    for key, value in sorted(data.items()):
+        output.data(f"{key:18} {_info_value(key, value)}")
+
+
+def _info_value(key: str, value) -> str:
+    from ..formats import byte_ranges, metadata_sizes, plain
+    if key == "names":
+        return ", ".join(value)
+    if key == "holders":
+        return ", ".join(f"{h['kind']} (pid {h['pid']}, uid {h['uid']})"
+                         for h in value) or "none"
+    if key in ("size", "capacity") and value is not None:
+        return f"{value} ({format_size(value)})"
+    if key == "damaged":
+        return byte_ranges(value)
+    if key == "metadata":
+        return metadata_sizes(value)
+    return plain(value)
+
+
+@commands.command("revoke", name=NAME, json_=JSON)
+def revoke(name: str, json_: bool = False):
+    """Take NAME's read locks from every other session (owner or administrator).
+
+    For a reader that never lets go: its handles and read-only attachments stop blocking
+    writes; its mapping stays and sees what is written from now on. Writers are not revoked
+    (docs/security.md)."""
+    with connect() as c:
+        revoked = c.revoke(name)
+    if want_json(json_):
+        output.emit_json(revoked)
+        return
+    for h in revoked:
+        output.data(f"revoked {h['kind']} by pid {h['pid']} (uid {h['uid']})")
+    if not revoked:
+        output.note(f"no other session reads {name}")
