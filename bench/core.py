@@ -287,11 +287,11 @@ def phase_ls(d: Daemon, c: Client, runs: int) -> dict:
     empty_argv = console_script("gpumemctl") + ["--socket", d.socket, "ls", "--json", "empty"]
     empty_times = time_cmd(empty_argv, runs,
                            check=lambda out: json.loads(out) == [] or _fail("ls empty", out))
-    say(f"phase 1: timing `python -c pass` and `python -c 'import gpumemctl.commands'` "
+    say(f"phase 1: timing `python -c pass` and `python -c 'import gpumemctl.cli.typerapp'` "
         f"x{runs}")
     floor_cpu: list[float] = []
     floor_times = time_cmd([PYTHON, "-c", "pass"], runs, cpu=floor_cpu)
-    import_times = time_cmd([PYTHON, "-c", "import gpumemctl.commands"], runs)
+    import_times = time_cmd([PYTHON, "-c", "import gpumemctl.cli.typerapp"], runs)
     rpc_times = []
     for i in range(2 + runs):
         t = time.perf_counter()
@@ -449,7 +449,7 @@ def rows_from(fig: dict) -> list[dict]:
     row("gpumemctl ls --json of an empty directory p50 (the cost of one CLI call)",
         f"{empty:.1f} ms")
     row("  ratio to the startup floor", f"{empty / floor:.2f}x", "<= 2x", empty <= 2 * floor)
-    row("  for comparison: python -c 'import gpumemctl.commands' p50 (typer's path)",
+    row("  for comparison: python -c 'import gpumemctl.cli.typerapp' p50 (typer's path)",
         f"{ls['import_typer_app']['p50_ms']:.1f} ms")
     row(f"gpumemctl {ls['listing']} ({ls['entries']} entries, {ls['allocations']} allocs) "
         "p50", f"{ls['ls']['p50_ms']:.1f} ms", "<= 150 ms", ls["ls"]["p50_ms"] <= 150)

@@ -14,8 +14,12 @@ import logging
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    from .verbs.refill import RefillVerbs
 
 log = logging.getLogger("gpumemd")
 
@@ -43,11 +47,11 @@ async def _run(argv: list[str], what: str) -> dict | None:
     return summary
 
 
-async def restore_lost(manager, socket_path: str, snapshot_dir: str) -> None:
+async def restore_lost(refill: RefillVerbs, socket_path: str, snapshot_dir: str) -> None:
     """restore_on_start: refill every allocation found lost from the newest snapshot. Each
     is `lost` and queued (reads say so, EAGAIN on the mount) until its turn, `restoring`
     while it fills, `ready` once its blocks are checked."""
-    queued = manager.queue_restores()
+    queued = refill.queue_restores()
     if not queued:
         return
     log.info("restore_on_start: restoring %d lost allocation(s) from %s", len(queued),
@@ -56,7 +60,7 @@ async def restore_lost(manager, socket_path: str, snapshot_dir: str) -> None:
         summary = await _run(_command(socket_path, "restore", snapshot_dir, "--lost-only",
                                       "--quiet", "--json"), "restore_on_start")
     finally:
-        manager.unqueue_restores(queued)
+        refill.unqueue_restores(queued)
     if summary is not None:
         done = sum(1 for a in summary.get("allocations", []) if a.get("result") == "ok")
         log.info("restore_on_start: %d of %d allocation(s) restored from %s in %.2f s "

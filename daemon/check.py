@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 
+from .custody import Custody
 from .keeper_link import KeeperGone
+from .namespace import Namespace
 from .nodes import Allocation, kind_of
-from .registry import stored_name
+from .registry import Registry, stored_name
 
 # Registry columns compared with the in-memory node; (column, attribute, to-db conversion).
 _FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),
@@ -21,11 +23,13 @@ _FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),
 
 
 class Checker:
-    """Made by AllocationManager.check: the manager's queries for the in-memory side, the
-    registry's methods (the database layer) for its side and its repairs, the keeper's."""
+    """Made by the `check` verb (daemon/verbs/checks.py): the namespace for the in-memory
+    side, the registry's methods (the database layer) for its side and its repairs, the
+    keeper's; custody re-deposits what the keeper lacks."""
 
-    def __init__(self, manager, registry, keeper):
-        self.m, self.registry, self.keeper = manager, registry, keeper
+    def __init__(self, namespace: Namespace, custody: Custody, registry: Registry, keeper):
+        self.ns, self.custody = namespace, custody
+        self.registry, self.keeper = registry, keeper
         self.problems: list[dict] = []
         self.repair = False
         self.integrity_errors: list[str] | None = None
@@ -57,7 +61,7 @@ class Checker:
     def check_registry_rows_match_tree(self) -> None:
         rows = {r["id"]: r for r in self.registry.load_nodes()}
         reg = self.registry
-        for node in self.m.all_nodes():
+        for node in self.ns.all_nodes():
             node_id = node.id
             row = rows.pop(node_id, None)
             if row is None:
@@ -96,9 +100,9 @@ class Checker:
         """The `links` table holds exactly the names beyond the first that the tree has,
         and each is in its directory."""
         rows = {(r["parent"], r["name"]): r["node"] for r in self.registry.load_links()}
-        live = {(d.id, name): node.id for node in self.m.all_nodes()
+        live = {(d.id, name): node.id for node in self.ns.all_nodes()
                 for d, name in node.aliases}
-        for node in self.m.all_nodes():
+        for node in self.ns.all_nodes():
             for d, name in node.aliases:
                 if d.children.get(name) is not node:
                     self._problem("links", f"hard link '{name}' of '{node.path}' (id "
@@ -123,11 +127,11 @@ class Checker:
         rows: dict[int, dict[bytes, bytes]] = {}
         for node_id, key, value in self.registry.load_metadata():
             rows.setdefault(node_id, {})[key] = value
-        live = {n.id: n.metadata for n in self.m.all_nodes() if n.metadata}
+        live = {n.id: n.metadata for n in self.ns.all_nodes() if n.metadata}
         for node_id in sorted(set(rows) | set(live)):
             if rows.get(node_id, {}) == live.get(node_id, {}):
                 continue
-            node = self.m.node_or_none(node_id)
+            node = self.ns.node_or_none(node_id)
             what = f"'{node.path}' (id {node_id})" if node is not None else \
                 f"node {node_id}, which the daemon does not hold,"
             wanted = live.get(node_id, {})
@@ -142,7 +146,7 @@ class Checker:
                 self.registry.set_metadata(node_id, key, value)
 
     def check_backend_memory(self) -> None:
-        for alloc in self.m.allocations():
+        for alloc in self.ns.allocations():
             has_memory = alloc.state in ("ready", "degraded")
             if has_memory and alloc.buffer is None:
                 self._problem("backend_memory", f"'{alloc.path}' is {alloc.state} but holds "
@@ -161,11 +165,11 @@ class Checker:
         except KeeperGone as exc:
             self._problem("keeper", f"keeper unreachable: {exc}")
             return
-        wanted = {a.id: a for a in self.m.allocations() if a.kept}
+        wanted = {a.id: a for a in self.ns.allocations() if a.kept}
         for key in sorted(set(wanted) - kept):
             self._problem("keeper", f"durable '{wanted[key].path}' (id {key}) is not held by "
                           "the keeper: a daemon crash now would lose it",
-                          lambda a=wanted[key]: self.m.deposit(a))
+                          lambda a=wanted[key]: self.custody.deposit(a))
         for key in sorted(kept - set(wanted)):
             self._problem("keeper", f"the keeper holds memory under id {key}, which is no "
                           "durable allocation", lambda k=key: self._withdraw(k))
@@ -176,7 +180,7 @@ class Checker:
 
     def check_holders_table(self) -> None:
         rows = {r["id"]: r for r in self.registry.load_holders()}
-        live = {h.id: h for a in self.m.allocations() for h in a.holders.values()}
+        live = {h.id: h for a in self.ns.allocations() for h in a.holders.values()}
         if set(rows) != set(live):
             self._problem("holders", f"holders table lists {sorted(rows)}, the daemon has "
                           f"{sorted(live)}", self._rewrite_holders)
@@ -184,14 +188,14 @@ class Checker:
     def _rewrite_holders(self) -> None:
         with self.registry.transaction(durable=False):
             self.registry.clear_holders()
-            for alloc in self.m.allocations():
+            for alloc in self.ns.allocations():
                 for h in alloc.holders.values():
                     self.registry.add_holder(h.id, alloc.id, h.session.id, h.kind, h.pid,
                                              h.uid, h.since_ns)
 
     def check_tree_shape(self) -> None:
-        for node in self.m.all_nodes():
-            if node.parent is None and node is not self.m.root:
+        for node in self.ns.all_nodes():
+            if node.parent is None and node is not self.ns.root:
                 self._problem("tree", f"node {node.id} ('{node.name}') has no parent")
             elif node.parent is not None and node.parent.children.get(node.name) is not node:
                 self._problem("tree", f"'{node.path}' is not listed in its directory")

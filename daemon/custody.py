@@ -193,7 +193,7 @@ class Custody:
     def prepare(self, ids: list[int], cred, mode: int, size: int, dev, capacity: int,
                 ecc: str, label: str) -> Prepared:
         """Memory and parity for a durable allocation to be created under ids[-1] once the
-        keeper holds it (AllocationManager.prepare_create); ids[:-1] for its parents. Named
+        keeper holds it (Creation.prepare); ids[:-1] for its parents. Named
         by `label`, the path asked for, while it is outside the tree (handover's errors)."""
         *dir_ids, node_id = ids
         alloc = Allocation(id=node_id, name=label, parent=None, uid=cred.uid, gid=cred.gid,

@@ -11,14 +11,19 @@ import itertools
 import os
 from collections.abc import Iterable, Iterator
 
+from gpumemctl.protocol.replies import Allocation as AllocationInfo
+from gpumemctl.protocol.replies import Node as NodeInfo
+from gpumemctl.protocol.replies import NodeCommon, SpecialType
+from gpumemctl.protocol.replies import Special as SpecialInfo
+
 from .ecc.layout import BLOCK
 from .nodes import Allocation, Directory, Node, Special, Symlink
 from .permissions import Credentials, X, allowed
 from .usermeta import shown
 
 # How each special file type is named in `type` (the registry's kind is shorter).
-SPECIAL_TYPE_NAMES = {"fifo": "fifo", "chr": "char-device", "blk": "block-device",
-                      "sock": "socket"}
+SPECIAL_TYPE_NAMES: dict[str, SpecialType] = {"fifo": "fifo", "chr": "char-device",
+                                              "blk": "block-device", "sock": "socket"}
 
 
 @functools.lru_cache(maxsize=1 << 16)   # a listing formats the same times again and again
@@ -94,7 +99,7 @@ def shown_path(node: Node, cred: Credentials | None) -> str:
 
 def describe(node: Node, *, holders: bool = False, path: str | None = None,
              name: str | None = None, metadata: bool | None = None,
-             names: bool | None = None, cred: Credentials | None = None) -> dict:
+             names: bool | None = None, cred: Credentials | None = None) -> NodeInfo:
     """`path`, `name`: the entry the node was reached by, where it has several (hard
     links); otherwise its first name `cred` may search to (visible_names). `holders`
     (info): the holders, and every name `cred` may search to (`names` False: not them, as
@@ -105,7 +110,7 @@ def describe(node: Node, *, holders: bool = False, path: str | None = None,
         entry = next(visible_names(node, cred), None)
         if entry is not None:
             path, name = _paths([entry])[0], entry[1]
-    common = {
+    common: NodeCommon = {
         "id": node.id, "path": node.path if path is None else path,
         "name": node.name if name is None else name, "uid": node.uid,
         "gid": node.gid, "mode": f"{node.mode:04o}", "created": iso(node.created_ns),
@@ -121,13 +126,14 @@ def describe(node: Node, *, holders: bool = False, path: str | None = None,
     if isinstance(node, Symlink):       # `mode` is always 0777, as Linux shows a link's
         return {"type": "symlink", **common, "target": node.target}
     if isinstance(node, Special):
-        out = {"type": SPECIAL_TYPE_NAMES[node.kind], **common}
+        out: SpecialInfo = {"type": SPECIAL_TYPE_NAMES[node.kind], **common}
         if node.kind in ("chr", "blk"):
-            out.update(rdev=node.rdev, major=os.major(node.rdev), minor=os.minor(node.rdev))
+            out.update(rdev=node.rdev, major=os.major(node.rdev),  # type: ignore[call-arg]
+                       minor=os.minor(node.rdev))
         return out
     if not isinstance(node, Allocation):    # a new kind of node must say how it is shown
         raise TypeError(f"describe() knows no {type(node).__name__}")
-    info = {
+    info: AllocationInfo = {
         "type": "allocation", **common, "size": node.size, "capacity": node.capacity,
         "device": node.device, "durable": node.durable, "state": node.state,
         "ecc": node.ecc, "refcount": node.refcount, "leased": node.leased,
@@ -138,5 +144,6 @@ def describe(node: Node, *, holders: bool = False, path: str | None = None,
         "snapshot_time": iso(node.snapshot_ns) if node.snapshot_ns else None,
     }
     if holders:
-        info["holders"] = [h.to_dict() for h in node.holders.values()]
+        info["holders"] = [h.to_dict()  # type: ignore[misc]  # nodes.Holder.to_dict: a dict
+                           for h in node.holders.values()]
     return info

@@ -1,6 +1,6 @@
 """Protocol errors as errno values, for the FUSE layer's boundary (daemon/fs.py).
 
-The AllocationManager raises only `gpumemctl.protocol` errors. The FUSE operations turn them
+The verbs raise only `gpumemctl.protocol` errors. The FUSE operations turn them
 into `FUSEError(errno_for(exc))` and nothing else; the socket server sends the same errors as
 numbered protocol errors. One class has one errno here. Where POSIX wants a more precise errno
 than the class gives, the manager names it in the error's details, as `details["errno"]`

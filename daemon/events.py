@@ -84,7 +84,7 @@ SCHEMA: dict[str, dict[str, str]] = {
     "scrub": {"action": "str", "rate": "int", "bytes": "int", "corrected": "int",
               "uncorrectable": "int", "skipped": "int"},
     # Snapshots (issue 16): an allocation's refill (`action` begin, done or abandoned), and
-    # a client's report of a whole snapshot create, restore or verify (daemon/refill.py).
+    # a client's report of a whole snapshot create, restore or verify (daemon/verbs/refill.py).
     "restore": {"action": "str", "damaged_blocks": "int"},
     "snapshot": {"action": "str", "snapshot": "str", "location": "str", "result": "str",
                  "bytes": "int", "bytes_written": "int", "duration_ms": "int",

@@ -1,24 +1,25 @@
 """The FUSE filesystem (pyfuse3): every file an allocation, every directory a directory of
 the same namespace the socket API serves.
 
-The Operations class is a set of thin handlers over the AllocationManager: each translates
-the kernel's request into one manager call and the answer back. Protocol errors become
-`FUSEError(errno)` only here, through daemon/errno_map.py; an unexpected exception is logged
-with its traceback and answered EIO, so a bug fails one request and never the mount.
+The Operations class is a set of thin handlers over the verbs (daemon/verbs/): each
+translates the kernel's request into one verb call (or runs its plan) and the answer back.
+Protocol errors become `FUSEError(errno)` only here, through daemon/errno_map.py; an
+unexpected exception is logged with its traceback and answered EIO, so a bug fails one
+request and never the mount.
 
 Choices a user can observe (docs/mount.md says more):
 - Files go through the kernel's page cache, write-through (no writeback cache: the daemon
   owns sizes and times, and a write is in device memory when write(2) returns), so shared
   mmap(2) works. When another path changes an allocation's bytes or size (a socket writer's
-  close, a detach or seal, a repair), the manager's watchers drop the file's cached pages
+  close, a detach or seal, a repair), the namespace's watchers drop the file's cached pages
   before that request is answered, and an open keeps the kernel's pages only if the data
   generation is the one they were filled at (daemon/fs_cache.py; docs/mount.md,
   "Consistency", has the rules).
-- The kernel enforces permissions (default_permissions); the manager checks them again with
+- The kernel enforces permissions (default_permissions); the verbs check them again with
   the same rules, except where the kernel's check is the only right one (setattr, I/O on an
   open handle).
 - Entries and attributes are cached for ENTRY_TIMEOUT seconds; a change made through the
-  socket API invalidates them at once (the manager's watchers call this class).
+  socket API invalidates them at once (the namespace's watchers call this class).
 - `/.metadata/<path>` mirrors the tree read-only: directories as directories, each
   allocation as a file holding what `gpumemctl info --json` prints. It is hidden from the
   root's listing (like ZFS's .zfs) and is never an allocation.
@@ -51,10 +52,12 @@ from __future__ import annotations
 
 import errno
 import functools
+import inspect
 import json
 import logging
 import os
 import stat
+from typing import TypeVar
 
 import pyfuse3
 import trio
@@ -69,16 +72,17 @@ from gpumemctl.protocol import (
 )
 from gpumemctl.protocol.names import MAX_COMPONENT_BYTES
 
-from . import fs_cache, offload, xattrs
+from . import fs_cache, xattrs
 from .describe import describe
 from .errno_map import errno_for
 from .fs_cache import DATA, Invalidation, PageCache
 from .logbudget import CLIENT_UID
-from .manager import AllocationManager
 from .nodes import Allocation, Directory, Node, Special, Symlink
 from .permissions import Credentials, R, W, X, allowed, require, supplementary_groups
 from .registry import ROOT_ID
 from .sessions import Session
+from .verbs import Verbs
+from .verbs.plan import Plan, run
 
 log = logging.getLogger("gpumemd.fs")
 
@@ -91,6 +95,7 @@ CAP_FSETID = 4               # capability(7) bit: keep set-id bits through write
 SETID = stat.S_ISUID | stat.S_ISGID
 XATTR_PREFIX = xattrs.PREFIX.encode()
 DOTS = 2                     # "." and "..": the first entries of every directory snapshot
+T = TypeVar("T")
 
 
 class ProcGroups:
@@ -151,29 +156,62 @@ def decode_name(raw: bytes) -> str:
 
 
 def handler(method):
-    """The error boundary of every operation (see the module docstring). It also marks the
-    request as the mount's own, so the watchers do not invalidate what the kernel knows."""
+    """The error boundary of every operation (see the module docstring). A plain method is
+    also marked as the mount's own request, so the watchers do not invalidate what the
+    kernel knows; an async one (a plan's: fsync, release) marks each of its steps on the
+    loop itself (Operations._run), never the time it waits. The lines a request logs are its
+    uid's (daemon/logbudget.py): FUSE passes the request context last. read, write and the
+    handle ops take none: what they log is not counted against anyone (their refusals log
+    nothing; a bug's traceback does)."""
+    if inspect.iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def run_async(self, *args):
+            client = CLIENT_UID.set(getattr(args[-1], "uid", None) if args else None)
+            try:
+                return await method(self, *args)
+            except Exception as exc:  # noqa: BLE001 - _fuse_error logs a bug's traceback
+                raise _fuse_error(method.__name__, args, exc) from None
+            finally:
+                CLIENT_UID.reset(client)
+        return run_async
+
     @functools.wraps(method)
     async def wrapper(self, *args):
         self._own_request = True
-        # The lines this request logs are its uid's (daemon/logbudget.py): FUSE passes the
-        # request context last. read, write and the handle ops take none: what they log is
-        # not counted against anyone (their refusals log nothing; a bug's traceback does).
         client = CLIENT_UID.set(getattr(args[-1], "uid", None) if args else None)
         try:
             return method(self, *args)
-        except pyfuse3.FUSEError:
-            raise
-        except GpumemError as exc:
-            log.debug("%s%r: %s", method.__name__, args[:2], exc)
-            raise pyfuse3.FUSEError(errno_for(exc)) from None
-        except Exception:
-            log.exception("%s%r failed", method.__name__, args[:2])
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception as exc:  # noqa: BLE001 - _fuse_error logs a bug's traceback
+            raise _fuse_error(method.__name__, args, exc) from None
         finally:
             CLIENT_UID.reset(client)
             self._own_request = False
     return wrapper
+
+
+class OwnSteps:
+    """Entered around each step on the loop of a plan the mount runs: while inside, a change
+    is the mount's own (Operations._own_request), as during a plain operation."""
+
+    def __init__(self, ops: Operations):
+        self.ops = ops
+
+    def __enter__(self) -> None:
+        self.ops._own_request = True
+
+    def __exit__(self, *exc) -> None:
+        self.ops._own_request = False
+
+
+def _fuse_error(name: str, args: tuple, exc: Exception) -> pyfuse3.FUSEError:
+    """What the kernel is answered (called while `exc` is being handled)."""
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc
+    if isinstance(exc, GpumemError):
+        log.debug("%s%r: %s", name, args[:2], exc)
+        return pyfuse3.FUSEError(errno_for(exc))
+    log.exception("%s%r failed", name, args[:2])
+    return pyfuse3.FUSEError(errno.EIO)
 
 
 class MetaHandle:
@@ -209,15 +247,16 @@ class Operations(pyfuse3.Operations):
     # through the socket shows in the mount at once (docs/mount.md, "Consistency").
     enable_writeback_cache = False
 
-    def __init__(self, manager: AllocationManager, session: Session):
+    def __init__(self, verbs: Verbs, session: Session):
         super().__init__()
-        self.m = manager
+        self.v = verbs
         self.session = session          # the daemon's session: mount handles belong to it
         self.handles: dict[int, FileHandle | MetaHandle | DirSnapshot] = {}   # fh -> ...
         self._next_fh = 1
         self._lookups: dict[int, int] = {}         # inode -> the kernel's lookup count
         self._known: dict[int, Node] = {}          # inode -> node, while the kernel has it
         self._own_request = False
+        self._own_steps = OwnSteps(self)           # a plan's steps on the loop (_run)
         self._stale: list[Invalidation] = []      # delivered by settle()
         self.page_cache = PageCache()             # what the kernel's pages hold, per inode
         self.mounted = False
@@ -232,7 +271,7 @@ class Operations(pyfuse3.Operations):
     def _node(self, inode: int) -> Node:
         """The node behind an inode: in the tree, or unlinked but still known to the
         kernel (an open file whose name is gone)."""
-        node = self.m.node_or_none(inode) or self._known.get(inode)
+        node = self.v.queries.node_or_none(inode) or self._known.get(inode)
         if node is None:
             raise NotFound(f"no node with inode {inode}")
         return node
@@ -294,7 +333,7 @@ class Operations(pyfuse3.Operations):
         return inode >= META_BASE
 
     def _meta_node(self, inode: int) -> Node:
-        node = self.m.node_or_none(inode - META_BASE)
+        node = self.v.queries.node_or_none(inode - META_BASE)
         if node is None:
             raise NotFound(f"no metadata inode {inode}")
         return node
@@ -323,10 +362,10 @@ class Operations(pyfuse3.Operations):
 
     def _meta_lookup(self, parent_inode: int, name: str, cred: Credentials):
         parent = self._meta_node(parent_inode)
-        return self._meta_attrs(self.m.lookup_child(parent.id, name, cred))
+        return self._meta_attrs(self.v.queries.lookup_child(parent.id, name, cred))
 
     # =====================================================================================
-    # the manager's watchers: changes made through the socket API
+    # the namespace's watchers: changes made through the socket API
     # =====================================================================================
     # The kernel must hear of a change before the socket client that made it gets its
     # answer ("agree at once"), but telling it from this thread could deadlock: the kernel
@@ -364,16 +403,16 @@ class Operations(pyfuse3.Operations):
         if parent_inode == ROOT_ID and text == META_NAME:
             return self._meta_attrs(self._node(ROOT_ID))
         self._missing(parent_inode, name, text, cred)
-        node = self.m.lookup_child(parent_inode, text, cred)
+        node = self.v.queries.lookup_child(parent_inode, text, cred)
         self._remember(node)
         return self._attrs(node)
 
     def _missing(self, parent_inode: int, raw: bytes, text: str, cred: Credentials) -> None:
         """ENOENT at once for a name not in the directory: every creat(2) of a new name
         is looked up first. The answer lookup_child would give, without building its
-        error: the name is one the manager takes as it is, and the caller may search the
+        error: the name is one the verbs take as it is, and the caller may search the
         directory (the kernel has checked that too: default_permissions)."""
-        parent = self.m.node_or_none(parent_inode)
+        parent = self.v.queries.node_or_none(parent_inode)
         if isinstance(parent, Directory) and text not in parent.children and \
                 0 < len(raw) <= MAX_COMPONENT_BYTES and allowed(parent, cred, X):
             raise pyfuse3.FUSEError(errno.ENOENT)
@@ -398,14 +437,14 @@ class Operations(pyfuse3.Operations):
     @handler
     def setattr(self, inode, attr, fields, fh, ctx):
         """truncate/ftruncate, chmod, chown, utimes. The kernel has applied the permission
-        rules (default_permissions runs setattr_prepare), so the manager is told so."""
+        rules (default_permissions runs setattr_prepare), so the verb is told so."""
         if self._is_meta(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
         cred, node = credentials(ctx), self._node(inode)
         if self._kills_setid_of_unlinked(node, attr, fields):
             return self._attrs(node)
         if fields.update_size:
-            self.m.resize(self._alloc(inode), cred, attr.st_size, session=self.session,
+            self.v.data.resize(self._alloc(inode), cred, attr.st_size, session=self.session,
                           authorised=True)
             if not fields.update_mode:        # an explicit mode in the same call wins
                 self._drop_setid(node, cred)
@@ -421,7 +460,7 @@ class Operations(pyfuse3.Operations):
         if fields.update_atime:
             changes["atime_ns"] = attr.st_atime_ns
         if changes:
-            self.m.setattr(node.id, cred, authorised=True, **changes)
+            self.v.names.setattr(node.id, cred, authorised=True, **changes)
         return self._attrs(node)
 
     def _kills_setid_of_unlinked(self, node: Node, attr, fields) -> bool:
@@ -432,7 +471,7 @@ class Operations(pyfuse3.Operations):
             fields.update_size or fields.update_uid or fields.update_gid or
             fields.update_mtime or fields.update_atime)
         setid = stat.S_ISUID | stat.S_ISGID
-        return bool(only_mode) and self.m.node_or_none(node.id) is not node and \
+        return bool(only_mode) and self.v.queries.node_or_none(node.id) is not node and \
             stat.S_IMODE(attr.st_mode) | setid == stat.S_IMODE(node.mode) | setid
 
     # =====================================================================================
@@ -441,7 +480,7 @@ class Operations(pyfuse3.Operations):
     @handler
     def mkdir(self, parent_inode, name, mode, ctx):
         self._writable_parent(parent_inode)
-        node = self.m.mkdir_child(parent_inode, decode_name(name), credentials(ctx),
+        node = self.v.names.mkdir_child(parent_inode, decode_name(name), credentials(ctx),
                                   stat.S_IMODE(mode))
         self._remember(node)
         return self._attrs(node)
@@ -451,7 +490,7 @@ class Operations(pyfuse3.Operations):
         self._writable_parent(parent_inode)
         cred, text = credentials(ctx), decode_name(name)
         try:
-            alloc = self.m.create_pending(parent_inode, text, cred, stat.S_IMODE(mode))
+            alloc = self.v.names.create_pending(parent_inode, text, cred, stat.S_IMODE(mode))
         except Exists:
             if flags & os.O_EXCL:
                 raise
@@ -459,7 +498,7 @@ class Operations(pyfuse3.Operations):
             fh = self._open_file(alloc, cred, flags)
         else:
             fh = self._add_fh(FileHandle(
-                self.m.open_mount(alloc, cred, self.session, _writable(flags)), cred))
+                self.v.handles.open_mount(alloc, cred, self.session, _writable(flags)), cred))
         self._remember(alloc)
         return self._alloc_info(fh, alloc, flags), self._attrs(alloc)
 
@@ -468,7 +507,7 @@ class Operations(pyfuse3.Operations):
         """open(O_CREAT) of a name made (through the socket API) after the kernel looked it
         up: open it as it is. The kernel believes it created the file, so it checked no
         permission on it and left O_TRUNC to us (_open_file)."""
-        node = self.m.lookup_child(parent_inode, name, cred)
+        node = self.v.queries.lookup_child(parent_inode, name, cred)
         if not isinstance(node, Allocation):
             raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
         wanted = R if flags & os.O_ACCMODE == os.O_RDONLY else W
@@ -482,9 +521,9 @@ class Operations(pyfuse3.Operations):
         self._writable_parent(parent_inode)
         cred, text = credentials(ctx), decode_name(name)
         if stat.S_ISREG(mode):
-            node: Node = self.m.create_pending(parent_inode, text, cred, stat.S_IMODE(mode))
+            node: Node = self.v.names.create_pending(parent_inode, text, cred, stat.S_IMODE(mode))
         else:     # a FIFO, socket (bind(2)) or device node: metadata only
-            node = self.m.mknod_child(parent_inode, text, cred, stat.S_IMODE(mode),
+            node = self.v.names.mknod_child(parent_inode, text, cred, stat.S_IMODE(mode),
                                       stat.S_IFMT(mode), rdev)
         self._remember(node)
         return self._attrs(node)
@@ -492,22 +531,22 @@ class Operations(pyfuse3.Operations):
     @handler
     def unlink(self, parent_inode, name, ctx):
         self._writable_parent(parent_inode)
-        self.m.unlink_child(parent_inode, decode_name(name), credentials(ctx))
+        self.v.names.unlink_child(parent_inode, decode_name(name), credentials(ctx))
 
     @handler
     def rmdir(self, parent_inode, name, ctx):
         self._writable_parent(parent_inode)
-        self.m.rmdir_child(parent_inode, decode_name(name), credentials(ctx))
+        self.v.names.rmdir_child(parent_inode, decode_name(name), credentials(ctx))
 
     @handler
     def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
         self._writable_parent(parent_inode_old)
         self._writable_parent(parent_inode_new)
         if flags & pyfuse3.RENAME_EXCHANGE:
-            self.m.exchange(parent_inode_old, decode_name(name_old), parent_inode_new,
+            self.v.names.exchange(parent_inode_old, decode_name(name_old), parent_inode_new,
                             decode_name(name_new), credentials(ctx))
             return
-        self.m.rename(parent_inode_old, decode_name(name_old), parent_inode_new,
+        self.v.names.rename(parent_inode_old, decode_name(name_old), parent_inode_new,
                       decode_name(name_new), credentials(ctx),
                       replace=not flags & pyfuse3.RENAME_NOREPLACE)
 
@@ -516,7 +555,7 @@ class Operations(pyfuse3.Operations):
         self._writable_parent(new_parent_inode)
         if self._is_meta(inode):
             raise pyfuse3.FUSEError(errno.EROFS)
-        node = self.m.link_child(inode, new_parent_inode, decode_name(new_name),
+        node = self.v.names.link_child(inode, new_parent_inode, decode_name(new_name),
                                  credentials(ctx))
         self._remember(node)
         return self._attrs(node)
@@ -524,7 +563,7 @@ class Operations(pyfuse3.Operations):
     @handler
     def symlink(self, parent_inode, name, target, ctx):
         self._writable_parent(parent_inode)
-        link = self.m.symlink_child(parent_inode, decode_name(name), decode_name(target),
+        link = self.v.names.symlink_child(parent_inode, decode_name(name), decode_name(target),
                                     credentials(ctx))
         self._remember(link)
         return self._attrs(link)
@@ -553,7 +592,7 @@ class Operations(pyfuse3.Operations):
         if flags & os.O_ACCMODE == os.O_WRONLY:
             self.page_cache.keep(alloc.id, None)        # cached pages of others may be old
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
-        keep = self.page_cache.keep(alloc.id, self.m.cache_generation(alloc))
+        keep = self.page_cache.keep(alloc.id, self.v.queries.cache_generation(alloc))
         return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=keep)
 
     @handler
@@ -575,9 +614,9 @@ class Operations(pyfuse3.Operations):
         atomic O_TRUNC, so the truncation arrives here, inside the open, never as a setattr;
         the kernel has checked write permission for it (as for any O_TRUNC)."""
         if flags & os.O_TRUNC:
-            self.m.truncate_on_open(alloc, cred, self.session)
+            self.v.data.truncate_on_open(alloc, cred, self.session)
             self._drop_setid(alloc, cred)
-        holder = self.m.open_mount(alloc, cred, self.session, _writable(flags))
+        holder = self.v.handles.open_mount(alloc, cred, self.session, _writable(flags))
         if flags & os.O_ACCMODE != os.O_WRONLY:
             self._note_read(alloc)
         return self._add_fh(FileHandle(holder, cred))
@@ -588,7 +627,7 @@ class Operations(pyfuse3.Operations):
         (its own read requests drop it, an open does not), so it is told here, at once:
         dropping attributes takes no lock the kernel could hold on this open."""
         before = alloc.accessed_ns
-        self.m.note_access(alloc)
+        self.v.names.note_access(alloc)
         if alloc.accessed_ns != before:
             fs_cache.invalidate([(alloc.id, None)])
 
@@ -601,14 +640,14 @@ class Operations(pyfuse3.Operations):
         set-group-ID")."""
         if not node.mode & (stat.S_ISUID | stat.S_ISGID):
             return                                   # the common case: nothing to clear
-        if self.m.node_or_none(node.id) is not node:
+        if self.v.queries.node_or_none(node.id) is not node:
             return                                   # unlinked: it has no row to change
         mode = without_setid(node, cred)
         if mode == node.mode:
             return
         if handle.keeps_setid() if handle is not None else has_fsetid(cred):
             return
-        self.m.setattr(node.id, cred, mode=mode, authorised=True)
+        self.v.names.setattr(node.id, cred, mode=mode, authorised=True)
         # The kernel did not make this change, so it still caches the old mode, and a
         # statx(STATX_MODE) alone (`stat -c %a`) would show it for ENTRY_TIMEOUT. Dropping
         # attributes takes no lock the kernel could hold on this write (as _note_read).
@@ -619,15 +658,15 @@ class Operations(pyfuse3.Operations):
         handle = self._file(fh)
         if isinstance(handle, MetaHandle):
             return handle.text[off:off + size]
-        self.m.note_access(handle.alloc)     # also at open (_note_read): for a file kept open
-        return self.m.view_at(handle.alloc, off, size)
+        self.v.names.note_access(handle.alloc)     # also at open (_note_read): for a file kept open
+        return self.v.data.view_at(handle.alloc, off, size)
 
     @handler
     def write(self, fh, off, buf):
         handle = self._file(fh)
         if isinstance(handle, MetaHandle):    # opened read-only: the kernel refuses first
             raise UsageError("a .metadata file is read-only", details={"errno": "EBADF"})
-        written = self.m.write_at(handle.alloc, off, buf, session=self.session)
+        written = self.v.data.write_at(handle.alloc, off, buf, session=self.session)
         if handle.alloc.mode & SETID:                 # rare: most files have neither bit
             self._drop_setid(handle.alloc, handle.cred, handle)
         return written
@@ -638,28 +677,25 @@ class Operations(pyfuse3.Operations):
         # less per close.
         raise pyfuse3.FUSEError(errno.ENOSYS)
 
-    # fsync and the last close encode the parity of what was written on a worker thread
-    # (daemon/offload.py): the verb's two steps each run under the error boundary, and the
-    # mount serves other requests meanwhile.
+    # fsync and the last close encode the parity of what was written on a worker thread: each
+    # is a verb's plan (daemon/verbs/plan.py), run inside the error boundary, and the mount
+    # serves other requests meanwhile.
+    @handler
     async def fsync(self, fh, datasync):
-        handle = await self._step(self._file, fh)
+        handle = self._file(fh)
         if not isinstance(handle, MetaHandle):
-            job = await self._step(self.m.sync_job, handle.alloc)
-            await offload.parity_work(job)
-            await self._step(functools.partial(self.m.sync, parity=job, planned=True),
-                             handle.alloc)
+            await self._run(self.v.data.sync(handle.alloc))
 
+    @handler
     async def release(self, fh):
         handle = self.handles.pop(fh)
         if isinstance(handle, FileHandle):
-            job = await self._step(self.m.parity_job, handle.holder)
-            await offload.parity_work(job)
-            await self._step(functools.partial(self.m.release_mount, parity=job,
-                                               planned=True), handle.holder)
+            await self._run(self.v.handles.release_mount(handle.holder))
 
-    @handler
-    def _step(self, verb, *args):
-        return verb(*args)
+    async def _run(self, plan: Plan[T]) -> T:
+        """Each of the plan's steps on the loop is the mount's own request (OwnSteps); its
+        work off the loop is not: other requests run meanwhile."""
+        return await run(plan, within=self._own_steps)
 
     # =====================================================================================
     # directories
@@ -671,7 +707,7 @@ class Operations(pyfuse3.Operations):
         if not isinstance(directory, Directory):
             raise UsageError("not a directory", details={"errno": "ENOTDIR"})
         if not meta:
-            self.m.note_access(directory)
+            self.v.names.note_access(directory)
         # A snapshot: listing positions stay valid while entries come and go. Each entry is
         # (name, node, whether it is shown as its .metadata mirror).
         entries = self._dots(directory, meta) + \
@@ -690,7 +726,7 @@ class Operations(pyfuse3.Operations):
         for index in range(start_id, len(entries)):
             name, node, meta = entries[index]
             dot = index < DOTS
-            if not dot and self.m.node_or_none(node.id) is not node:
+            if not dot and self.v.queries.node_or_none(node.id) is not node:
                 continue                       # removed since opendir
             attrs = self._meta_attrs(node) if meta else self._attrs(node)
             if not pyfuse3.readdir_reply(token, name_bytes(name), attrs, index + 1):
@@ -708,13 +744,13 @@ class Operations(pyfuse3.Operations):
 
     @handler
     def statfs(self, ctx):
-        devices = self.m.devices()
+        devices = self.v.reports.devices()
         s = pyfuse3.StatvfsData()
         s.f_bsize = s.f_frsize = STATFS_BLOCK
         s.f_blocks = sum(d.total for d in devices) // STATFS_BLOCK
         s.f_bfree = s.f_bavail = sum(d.free for d in devices) // STATFS_BLOCK
         s.f_files = 1 << 32
-        s.f_ffree = s.f_favail = s.f_files - self.m.node_count()
+        s.f_ffree = s.f_favail = s.f_files - self.v.queries.node_count()
         s.f_namemax = 255
         return s
 
@@ -725,7 +761,7 @@ class Operations(pyfuse3.Operations):
     # the node's user metadata (daemon/usermeta.py). The kernel has checked the permission
     # of a user.* name before it asks (default_permissions: read to get, write to set or
     # remove, the owner for a sticky directory; EPERM for a set on anything but a file or a
-    # directory), so the manager is told so. XATTR_CREATE and XATTR_REPLACE reach us as a
+    # directory), so the verb is told so. XATTR_CREATE and XATTR_REPLACE reach us as a
     # getxattr before the setxattr (pyfuse3 does that, in one task: nothing runs between).
     @handler
     def getxattr(self, inode, name, ctx):
@@ -737,7 +773,7 @@ class Operations(pyfuse3.Operations):
         if not name.startswith(XATTR_PREFIX):
             if not isinstance(node, (Allocation, Directory)):
                 raise pyfuse3.FUSEError(errno.ENODATA)
-            return self.m.metadata_value(node, xattrs.metadata_key(name), credentials(ctx),
+            return self.v.metadata.metadata_value(node, xattrs.metadata_key(name), credentials(ctx),
                                          authorised=True)
         short = xattrs.short_name(name)
         if not isinstance(node, Allocation) or short not in xattrs.NAMES:
@@ -758,7 +794,7 @@ class Operations(pyfuse3.Operations):
         node = None if self._is_meta(inode) else self._node(inode)
         if name.startswith(xattrs.USER_PREFIX) and not name.startswith(XATTR_PREFIX) and \
                 isinstance(node, (Allocation, Directory)):
-            self.m.set_metadata(node, xattrs.metadata_key(name), value, credentials(ctx),
+            self.v.metadata.set_metadata(node, xattrs.metadata_key(name), value, credentials(ctx),
                                 authorised=True)
             return
         short = xattrs.short_name(name)
@@ -767,10 +803,10 @@ class Operations(pyfuse3.Operations):
         cred = credentials(ctx)
         try:
             if short == "size":
-                self.m.resize(node, cred, xattrs.parse_size_value(value), session=self.session)
+                self.v.data.resize(node, cred, xattrs.parse_size_value(value), session=self.session)
                 self._drop_setid(node, cred)             # a resize is a truncate
             elif short == "durable":
-                self.m.set_durable_node(node, cred, xattrs.parse_durable_value(value))
+                self.v.durability.set_durable_node(node, cred, xattrs.parse_durable_value(value))
             elif value.rstrip(b"\0\n") != xattrs.value_of(node, short).encode():
                 raise pyfuse3.FUSEError(errno.EPERM)         # read-only
         except UsageError as exc:
@@ -783,7 +819,7 @@ class Operations(pyfuse3.Operations):
         node = None if self._is_meta(inode) else self._node(inode)
         if name.startswith(xattrs.USER_PREFIX) and not name.startswith(XATTR_PREFIX) and \
                 isinstance(node, (Allocation, Directory)):
-            self.m.remove_metadata(node, xattrs.metadata_key(name), credentials(ctx),
+            self.v.metadata.remove_metadata(node, xattrs.metadata_key(name), credentials(ctx),
                                    authorised=True)
             return
         short = xattrs.short_name(name)
@@ -791,7 +827,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENODATA)
         if short != "durable":
             raise pyfuse3.FUSEError(errno.EPERM)
-        self.m.set_durable_node(node, credentials(ctx), False)
+        self.v.durability.set_durable_node(node, credentials(ctx), False)
 
 
 def _writable(flags: int) -> bool:

@@ -31,8 +31,8 @@ Invalidation = tuple[int, bytes | None]
 
 
 class PageCache:
-    """Per inode, the data generation the kernel's pages hold (AllocationManager.
-    cache_generation when the file was last opened), so that open(2) keeps them only when
+    """Per inode, the data generation the kernel's pages hold (Queries.cache_generation
+    when the file was last opened), so that open(2) keeps them only when
     nothing changed since."""
 
     def __init__(self) -> None:

@@ -1,5 +1,5 @@
 """Hard links: a node's further names (issue 15), a part of the namespace layer (Namespace
-inherits it, as the manager inherits daemon/handles.py: one layer, in two files).
+inherits it: one layer, in two files).
 
 A node's first name is its registry row's (parent, name); each further one is a row of the
 `links` table and an entry of `node.aliases` (daemon/nodes.Aliases), in the order they were

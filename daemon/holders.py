@@ -6,8 +6,8 @@ and attachments take part in "one writer or many readers"; leases and mount file
 (the mount follows POSIX: any number of opens). Every holder belongs to a session (one
 client connection); its registry row is the post-mortem record of who held what.
 
-What happens when the last holder goes (memory freed, a leased allocation released) is the
-verbs' concern (daemon/manager.py): this module only keeps the records and the rule.
+What happens when the last holder goes (memory freed, a leased allocation released) is
+daemon/lifecycle.py's: this module only keeps the records and the rule.
 """
 from __future__ import annotations
 
@@ -53,6 +53,13 @@ class Holders:
         session.closed = True
         self.sessions.pop(session.id, None)
         return list(session.holders.values())
+
+    def unlinked_held(self) -> list[Allocation]:
+        """Allocations removed while held open: their memory goes with the last holder, and
+        until then it counts against the owner's quota (daemon/quotas.py)."""
+        kept = {h.alloc.id: h.alloc for s in self.sessions.values()
+                for h in s.holders.values() if h.alloc.unlinked}
+        return list(kept.values())
 
     # ---- the lock -----------------------------------------------------------------------
     @staticmethod

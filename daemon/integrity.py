@@ -280,7 +280,7 @@ class Integrity:
 
     def corrupt(self, alloc: Allocation, cred: Credentials, offset: int, length: int,
                 pattern: bytes, parity: bool) -> dict:
-        """Fault injection (AllocationManager.corrupt has checked who asks): overwrite
+        """Fault injection (Checks.corrupt has checked who asks): overwrite
         bytes of the data, or of the parity region, without updating the parity."""
         target = alloc.parity if parity else alloc.buffer
         if target is None:

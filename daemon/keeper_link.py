@@ -63,7 +63,7 @@ class KeeperStalled(KeeperGone):
     """The keeper did not answer in time. What it did with the unanswered request is not
     known, so calls are refused from then on (at once: one stall costs one request's
     timeout, not one per request) until the daemon has probed it back to life and
-    reconciled what it holds (AllocationManager.reconcile_keeper)."""
+    reconciled what it holds (ServiceVerbs.reconcile_keeper)."""
 
 
 class ProcessKeeper:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from gpumemctl.protocol import UsageError, jsontext, name_bytes, name_from_bytes
 from gpumemctl.protocol.defaults import EVENTS_MAX_LIMIT
 from gpumemctl.protocol.names import MAX_PATH_BYTES
+from gpumemctl.protocol.replies import Node as NodeInfo
 
 from .describe import describe
 from .namespace import Namespace
@@ -40,7 +41,7 @@ Entry = tuple[str, str, Node]       # (path, name, node), as walk_entries yields
 
 
 def list_page(ns: Namespace, path: str, cred: Credentials, *, recursive: bool,
-              after: str | None, limit: int | None) -> tuple[list[dict], str | None]:
+              after: str | None, limit: int | None) -> tuple[list[NodeInfo], str | None]:
     """The entries of `path` (as Namespace.listdir gives them) that come after the cursor
     `after` (None: from the first), at most `limit` (None: PAGE_ENTRIES) and PAGE_BYTES of
     JSON, and the cursor of the next page (None: this one is the last)."""
@@ -57,7 +58,7 @@ def list_page(ns: Namespace, path: str, cred: Credentials, *, recursive: bool,
         return recursive and len(name_bytes(d.path)) < MAX_PATH_BYTES - 1 \
             and ns.allowed(d, cred, R | X)
 
-    entries: list[dict] = []
+    entries: list[NodeInfo] = []
     size = 0
     for entry_path, name, node in entries_after(top, enter, _cursor(top, after)):
         if len(entry_path) > MAX_PATH_BYTES // 4 and \

@@ -31,7 +31,6 @@ from .fdbudget import FdBudget, raise_open_file_limit
 from .keeper_link import KeeperGone, open_keeper
 from .logbudget import ClientLines, summarise_every_minute
 from .logs import setup_logging
-from .manager import AllocationManager
 from .mount import Mount, MountError, check_mount_point
 from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
 from .paths import UnsafePath
@@ -40,6 +39,10 @@ from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
 from .scrub import Scrubber
 from .server import VERSION, Server
 from .server.transport import PRIVILEGED_EXTRA, ConnectionLimits
+from .verbs import Verbs
+from .verbs.build import Config, build, start
+from .verbs.checks import Checks
+from .verbs.service import ServiceVerbs
 
 log = logging.getLogger("gpumemd")
 
@@ -144,7 +147,7 @@ def claim_socket(path: str) -> None:
     raise StartupError(f"another gpumemd is serving {path}")
 
 
-async def supervise_keeper(manager: AllocationManager, keeper) -> None:
+async def supervise_keeper(service: ServiceVerbs, keeper) -> None:
     """Watch the keeper; if it dies, start a new one and hand it every durable fd again."""
     while True:
         try:
@@ -162,7 +165,7 @@ async def supervise_keeper(manager: AllocationManager, keeper) -> None:
         await trio.sleep(0.05)
         try:
             keeper.ensure_running()
-            count = manager.redeposit_all()
+            count = service.redeposit_all()
             log.info("keeper restarted (pid %s); %d durable allocations re-deposited",
                      keeper.pid, count)
         except (KeeperGone, GpumemError, OSError) as exc:
@@ -184,7 +187,7 @@ STALL_PROBE_SECONDS = 0.5
 SWITCH_INTERVAL = 0.0005     # seconds: sys.setswitchinterval (main(), before trio.run)
 
 
-async def resume_stalled_keeper(manager: AllocationManager, keeper) -> None:
+async def resume_stalled_keeper(service: ServiceVerbs, keeper) -> None:
     """A keeper that stopped answering (SIGSTOP, starved) is probed from a worker thread, so
     the event loop never waits on it; once it answers, what it holds is reconciled with the
     durable allocations and durable changes work again, without a restart."""
@@ -197,7 +200,7 @@ async def resume_stalled_keeper(manager: AllocationManager, keeper) -> None:
             continue
         keeper.resume(sock)
         try:
-            withdrawn, redeposited = manager.reconcile_keeper()
+            withdrawn, redeposited = service.reconcile_keeper()
         except (KeeperGone, GpumemError) as exc:
             log.warning("the keeper answers again but reconciling it failed: %s", exc)
             continue
@@ -233,8 +236,8 @@ class GroupCommit:
     allocations anyway: once the registry can be written again, its rows are rewritten from
     the tree (check's repairs), so `gpumemctl check` is clean again without a restart."""
 
-    def __init__(self, manager: AllocationManager, registry: Registry):
-        self.manager = manager
+    def __init__(self, checks: Checks, registry: Registry):
+        self.checks = checks
         self.registry = registry
         self.wake = trio.Event()
         self.stale = False          # a batch was lost: rows must be rewritten from memory
@@ -263,7 +266,7 @@ class GroupCommit:
                 await trio.sleep(1)
 
     def _resync(self) -> None:
-        report = self.manager.check(repair=True)
+        report = self.checks.check(repair=True)
         self.stale = False
         log.warning("the registry can be written again; %d difference(s) with memory "
                     "repaired", len(report["problems"]))
@@ -288,7 +291,7 @@ async def background(name: str, task: Callable[[], Awaitable[None]]) -> None:
         pause = min(BACKGROUND_RETRY_MAX, pause * 2)
 
 
-async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | None, *,
+async def run_daemon(verbs: Verbs, server: Server, mount: Mount | None, *,
                      registry: Registry, keeper, restore_from: str | None = None,
                      snapshot_to: str | None = None, log_lines: ClientLines | None = None
                      ) -> None:
@@ -297,16 +300,18 @@ async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | 
     per-client budget, whose summaries are written once a minute (daemon/logbudget.py)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(background, "group commit", GroupCommit(manager, registry).run)
+            nursery.start_soon(background, "group commit",
+                               GroupCommit(verbs.checks, registry).run)
             if server.scrubber is not None:
                 nursery.start_soon(background, "scrubber", server.scrubber.run)
             await nursery.start(server.serve)
             if mount is not None:
                 await nursery.start(mount.serve)
             nursery.start_soon(background, "keeper supervisor",
-                               functools.partial(supervise_keeper, manager, keeper))
+                               functools.partial(supervise_keeper, verbs.service, keeper))
             nursery.start_soon(background, "keeper stall probe",
-                               functools.partial(resume_stalled_keeper, manager, keeper))
+                               functools.partial(resume_stalled_keeper, verbs.service,
+                                                 keeper))
             nursery.start_soon(background, "registry checkpoint",
                                functools.partial(checkpoint_registry, registry))
             if log_lines is not None:
@@ -314,9 +319,9 @@ async def run_daemon(manager: AllocationManager, server: Server, mount: Mount | 
                                    functools.partial(summarise_every_minute, log_lines))
             systemd.notify(f"READY=1\nSTATUS=serving {server.socket_path}")
             log.info("gpumemd %s serving %s (backend %s, pid %d)", VERSION,
-                     server.socket_path, manager.backend_name, os.getpid())
+                     server.socket_path, verbs.reports.backend_name, os.getpid())
             if restore_from:
-                nursery.start_soon(autosnap.restore_lost, manager, server.socket_path,
+                nursery.start_soon(autosnap.restore_lost, verbs.refill, server.socket_path,
                                    restore_from)
             async for signum in signals:
                 log.info("received %s; stopping", signal.Signals(signum).name)
@@ -425,20 +430,18 @@ def _main(args, lines: ClientLines | None = None) -> int:
                              args.event_log_size)
     keeper = open_keeper(state_dir, args.fd_store_max)
     backend.ecc_cache_dir = os.path.join(state_dir, "ecc-cache")   # compiled GPU kernels
-    manager = AllocationManager(registry, backend, keeper,
-                                fault_injection=args.enable_fault_injection,
-                                default_ecc=args.ecc, quotas=args.quotas,
-                                default_quota=quota_bytes(args.default_quota, backend),
-                                max_names_per_uid=args.max_names_per_uid,
-                                max_handles_per_uid=args.max_handles_per_uid,
-                                fds_to_readers=args.cuda_fds_to_readers,
-                                mountpoint=mount_path,
-                                metadata_max_bytes=args.metadata_max_bytes,
-                                metadata_user_max_bytes=args.metadata_user_max_bytes)
+    core, verbs = build(registry, backend, keeper, Config(
+        fault_injection=args.enable_fault_injection, default_ecc=args.ecc, quotas=args.quotas,
+        default_quota=quota_bytes(args.default_quota, backend),
+        max_names_per_uid=args.max_names_per_uid,
+        max_handles_per_uid=args.max_handles_per_uid,
+        fds_to_readers=args.cuda_fds_to_readers, mountpoint=mount_path,
+        metadata_max_bytes=args.metadata_max_bytes,
+        metadata_user_max_bytes=args.metadata_user_max_bytes))
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
     try:
-        summary = manager.start(orphans)
+        summary = start(verbs, orphans)
     except OrphansHeld:
         keeper.close()
         if registry.created:
@@ -451,17 +454,18 @@ def _main(args, lines: ClientLines | None = None) -> int:
     log.info("registry loaded: %(adopted)d adopted, %(lost)d lost, %(orphans_freed)d orphans "
              "freed, %(orphans_adopted)d orphans re-registered, %(transients_dropped)d stale "
              "transients dropped", summary)
-    fds.watch(manager.quotas.allocations, manager.quotas.kept, lambda: len(manager.ns.nodes),
-              lambda uid: manager.ns.nodes.owned.get(uid, 0), administrative_uid)
-    manager.custody.fds = fds
-    server = Server(manager, socket_path, {"socket": socket_path, "state_dir": state_dir,
+    fds.watch(core.quotas.allocations, core.quotas.kept, lambda: len(core.ns.nodes),
+              lambda uid: core.ns.nodes.owned.get(uid, 0), administrative_uid)
+    core.custody.fds = fds
+    server = Server(verbs, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path},
-                    scrubber=Scrubber(manager, default_rate=args.scrub_rate),
+                    scrubber=Scrubber(verbs, default_rate=args.scrub_rate),
                     limits=ConnectionLimits(fds.connections, args.max_connections_per_uid,
                                             args.max_connection_rate_per_uid),
                     admin_gid=args.admin_group)
-    mount = Mount(manager, mount_path) if mount_path else None
-    # The event loop shares the GIL with worker threads that encode parity (daemon/offload):
+    mount = Mount(verbs, mount_path) if mount_path else None
+    # The event loop shares the GIL with worker threads that encode parity (a plan's
+    # ParityWork, daemon/verbs/plan.py):
     # at each system call it gives the GIL up, and CPython makes it wait a whole switch
     # interval to take it back from a busy thread. 5 ms by default, several times per
     # request; 0.5 ms keeps a request's wait small at a small cost to the workers.
@@ -470,7 +474,7 @@ def _main(args, lines: ClientLines | None = None) -> int:
         if mount is not None:
             mount.open()
         trio.run(functools.partial(
-            run_daemon, manager, server, mount, registry=registry, keeper=keeper,
+            run_daemon, verbs, server, mount, registry=registry, keeper=keeper,
             log_lines=lines,
             restore_from=args.snapshot_dir if args.restore_on_start else None,
             snapshot_to=args.snapshot_dir if args.snapshot_on_stop else None))
@@ -479,7 +483,7 @@ def _main(args, lines: ClientLines | None = None) -> int:
             mount.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
-        manager.shutdown()
+        verbs.service.shutdown()
         registry.flush()
         registry.checkpoint("TRUNCATE")
         registry.close()

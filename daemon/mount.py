@@ -19,7 +19,9 @@ import trio
 
 from . import paths
 from .fs import Operations
-from .manager import DAEMON, AllocationManager
+from .namespace import DAEMON
+from .verbs import Verbs
+from .verbs.plan import run_sync
 
 log = logging.getLogger("gpumemd")
 SETTLE_SECONDS = 0.05
@@ -127,12 +129,12 @@ def set_read_ahead(path: str, kib: int) -> None:
 
 
 class Mount:
-    """The filesystem at `path`, served by the manager; serve() runs in the daemon's nursery."""
+    """The filesystem at `path`, served by the verbs; serve() runs in the daemon's nursery."""
 
-    def __init__(self, manager: AllocationManager, path: str):
-        self.manager, self.path = manager, os.path.abspath(path)
-        self.session = manager.open_session(DAEMON, client="mount")
-        self.ops = Operations(manager, self.session)
+    def __init__(self, verbs: Verbs, path: str):
+        self.verbs, self.path = verbs, os.path.abspath(path)
+        self.session = verbs.handles.open_session(DAEMON, client="mount")
+        self.ops = Operations(verbs, self.session)
 
     def open(self) -> None:
         """Claim the mount point and mount (before the event loop starts, so that a failure
@@ -143,7 +145,7 @@ class Mount:
         except RuntimeError as exc:
             raise MountError(f"cannot mount {self.path}: {exc} (is /dev/fuse there, and "
                              "fusermount3 installed?)") from None
-        self.manager.add_watcher(self.ops)
+        self.verbs.reports.add_watcher(self.ops)
         self.ops.mounted = True
         log.info("mounted %s", self.path)
 
@@ -177,7 +179,7 @@ class Mount:
         if not self.ops.mounted:
             return
         self.ops.mounted = False
-        self.manager.remove_watcher(self.ops)
+        self.verbs.reports.remove_watcher(self.ops)
         pyfuse3.close(unmount=True)
-        self.manager.close_session(self.session)
+        run_sync(self.verbs.handles.end_session(self.session))   # after the loop: in one go
         log.info("unmounted %s", self.path)

@@ -8,7 +8,8 @@ directories, setgid inheritance, chmod/chown/utimensat. Walks are iterative (nod
 a chain may be thousands deep. Hard links are daemon/hardlinks.py's, a base class.
 
 It knows nothing of memory, the keeper or parity: a verb that removes an allocation asks
-the namespace to forget the name and then lets go of the memory itself (daemon/manager.py).
+the namespace to forget the name and then lets go of the memory itself
+(daemon/lifecycle.py).
 Watchers (daemon/fs.py) are told of every change the kernel may have cached.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpumemctl.protocol import (
     check_component,
     split_path,
 )
+from gpumemctl.protocol.replies import Node as NodeInfo
 
 from .describe import describe
 from .hardlinks import HardLinks
@@ -189,14 +191,15 @@ class Namespace(HardLinks):
             raise UsageError(f"'{node.path}' is a {describe(node)['type']}, not an allocation")
         return node
 
-    def listdir(self, path: str, cred: Credentials, *, recursive: bool = False) -> list[dict]:
+    def listdir(self, path: str, cred: Credentials, *, recursive: bool = False
+                ) -> list[NodeInfo]:
         # The last component is not followed: `ls LINK` shows the link, as `ls -l` does.
         node = self.lookup(path, cred, allow_root=True, follow=False)
         if not isinstance(node, Directory):
             parts = split_path(path)      # a hard link is listed under the name asked for
             return [describe(node, path="/".join(parts), name=parts[-1])]
         require(node, cred, R | X, "list")
-        out: list[dict] = []
+        out: list[NodeInfo] = []
         self._list_into(node, cred, recursive, out)
         return out
 
@@ -495,7 +498,7 @@ class Namespace(HardLinks):
              cred: Credentials, *, replace: bool = True) -> tuple[Node, Node | None]:
         """POSIX rename(2). The id (and so the keeper key) stays; parent and name change in
         one registry transaction. Returns the node and the entry it replaced, whose memory
-        is the caller's (AllocationManager.rename)."""
+        is the caller's (NameVerbs.rename)."""
         check_component(src_name)
         check_component(dst_name)
         src_dir, dst_dir = self.directory(src_parent_id), self.directory(dst_parent_id)

@@ -1,7 +1,8 @@
 """The in-memory namespace: directories and allocations as a tree of nodes.
 
-The AllocationManager owns these objects and is the only code that changes them; the registry
-holds their durable copy. A node's `id` is its registry row id and its inode number.
+The verbs (daemon/verbs/) and the core under them own these objects and are the only code
+that changes them; the registry holds their durable copy. A node's `id` is its registry row
+id and its inode number.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class Node:
     modified_ns: int
     changed_ns: int
     accessed_ns: int | None = None   # last access (utimensat, or a read by the relatime
-                                     # rule: AllocationManager.note_access); None when
+                                     # rule: Namespace.note_access); None when
                                      # made: the modification time
     # Hard links: the node's names beyond (parent, name), each (directory, name), in the
     # order they were made (the registry's `links` rows). Directories never have any.
@@ -214,7 +215,7 @@ class Allocation(Node):
     device: str | None = None        # device UUID
     durable: bool = False
     state: str = "pending"           # 'pending' | 'ready' | 'degraded' | 'lost' (design.md),
-                                     # or 'restoring' (daemon/refill.py; stored as 'lost')
+                                     # or 'restoring' (daemon/refills.py; stored as 'lost')
     ecc: str = "rs"
     buffer: Any = None               # the backend's buffer; None while pending or lost
     parity: Any = None               # ECC parity region (daemon/parity.py); None: no ECC
@@ -241,7 +242,7 @@ class Allocation(Node):
     restore_queued: bool = False     # lost, and restore_on_start will refill it (autosnap)
     # (when a writer let go, modified_ns then): set by the first step of a close, detach or
     # seal whose parity work runs off the loop, for the time its last step stamps
-    # (daemon/handles.py); None otherwise.
+    # (daemon/verbs/handles.py); None otherwise.
     let_go: tuple[int, int] | None = None
     # Held while its parity is encoded on a worker thread (daemon/integrity.ParityJob), and
     # by the event loop before it frees or replaces the memory or touches the parity.

@@ -48,7 +48,7 @@ class QuotaExceeded(NoMemory):
 
 
 class Quotas:
-    """The limits, and the check the AllocationManager makes before taking capacity."""
+    """The limits, and the check the verbs make before taking capacity."""
 
     def __init__(self, allocations: Callable[[], list[Allocation]],
                  limits: dict[int, int] | None = None, *,

@@ -1,10 +1,10 @@
 """The background scrubber: verify and repair every protected block, slowly.
 
-A scrub walks the allocations in id order and each one block range at a time
-(AllocationManager.verify_steps, with repair), so it shares the event loop with everything
-else. It is rate-limited: with `rate` (bytes/s) it sleeps to stay under that rate; without,
-it sleeps nine times as long as each piece took, so that it uses at most 10% of the codec's
-(and the memory's) time and leaves at least 90% to users.
+A scrub walks the allocations in id order and each one block range at a time (the plan
+of Checks.verify, with repair, run by daemon/verbs/plan.py's runner), so it shares the
+event loop with everything else. It is rate-limited: with `rate` (bytes/s) it sleeps to
+stay under that rate; without, it sleeps nine times as long as each piece took, so that it
+uses at most 10% of the codec's (and the memory's) time and leaves at least 90% to users.
 
 Its state is persisted in the registry (meta key `scrub`, JSON) after each allocation and
 about once a second: a daemon that is killed mid-scrub resumes at the allocation and block
@@ -28,7 +28,9 @@ import trio
 from gpumemctl.protocol import InvalidState, UsageError
 
 from .ecc.layout import BLOCK
-from .manager import AllocationManager
+from .nodes import Allocation
+from .verbs import Verbs
+from .verbs.plan import run
 
 log = logging.getLogger("gpumemd")
 
@@ -38,21 +40,27 @@ DUTY = 0.10                 # without a rate: the share of time a scrub may take
 COUNTERS = ("bytes", "blocks", "clean", "corrected", "uncorrectable", "skipped", "symbols")
 
 
+class _Stopped(Exception):
+    """`scrub stop` came: thrown into the verify between two pieces."""
+
+
 def _zero() -> dict:
     return {k: 0 for k in COUNTERS}
 
 
 class Scrubber:
-    def __init__(self, manager: AllocationManager, default_rate: int | None = None):
-        self.m = manager
+    def __init__(self, verbs: Verbs, default_rate: int | None = None):
+        self.v = verbs
         self.default_rate = default_rate
         self.state = self._load()
         self.wake = trio.Event()
         self._stop = False
+        self._saved = 0.0           # when the state was last saved (monotonic)
+        self._piece_began = 0.0     # when the piece being verified began
 
     # ---- persisted state ----------------------------------------------------------------
     def _load(self) -> dict:
-        raw = self.m.meta(META_KEY)
+        raw = self.v.reports.meta(META_KEY)
         if raw:
             try:
                 state = json.loads(raw)
@@ -64,7 +72,7 @@ class Scrubber:
         return {"running": False, "last": None}
 
     def _save(self) -> None:
-        self.m.save_meta(META_KEY, json.dumps(self.state))
+        self.v.reports.save_meta(META_KEY, json.dumps(self.state))
 
     # ---- control (socket requests) --------------------------------------------------------
     def start(self, rate: int | None) -> dict:
@@ -131,49 +139,60 @@ class Scrubber:
                 self._fail(f"{type(exc).__name__}: {exc}")
 
     def _targets(self):
-        return sorted((a for a in self.m.allocations()
+        return sorted((a for a in self.v.queries.allocations()
                        if a.ecc == "rs" and a.buffer is not None and not a.unlinked),
                       key=lambda a: a.id)
 
     async def _scrub(self) -> None:
-        pos, s = self.state["position"], self.state
-        saved = time.monotonic()
+        pos = self.state["position"]
+        self._saved = time.monotonic()
         for alloc in self._targets():
             if alloc.id < pos["id"]:
                 continue
+            if self._stop:
+                return self._finish(stopped=True)
             first = pos["block"] if alloc.id == pos["id"] else 0
             pos.update(id=alloc.id, block=first)
-            steps = self.m.verify_steps(alloc, repair=True, first_block=first)
-            t0 = time.monotonic()
-            while True:
-                if self._stop:
-                    return self._finish(stopped=True)
-                piece = time.monotonic()
-                try:
-                    pos["block"] = next(steps)
-                except StopIteration as done:
-                    self._count(alloc, done.value, time.monotonic() - t0)
-                    break
-                took = time.monotonic() - piece
-                s["elapsed"] += took
-                await self._throttle(took, pos["block"] - first)
-                if time.monotonic() - saved > SAVE_SECONDS:
-                    self._save()
-                    saved = time.monotonic()
+            try:
+                self._count(alloc, await self._verify(alloc, first))
+            except _Stopped:
+                return self._finish(stopped=True)
             pos.update(id=alloc.id + 1, block=0)
             self._save()
             await trio.sleep(0)
         self._finish(stopped=False)
 
-    async def _throttle(self, took: float, blocks_done: int) -> None:
+    async def _verify(self, alloc: Allocation, first: int) -> tuple[dict, float]:
+        """One allocation, piece by piece from block `first`; its totals and seconds. Between
+        pieces: the position noted, the throttle, the state saved about once a second, and a
+        stop asked for meanwhile honoured (_Stopped) before the next piece."""
+        t0 = self._piece_began = time.monotonic()
+
+        async def between(block: int) -> None:
+            took = time.monotonic() - self._piece_began
+            self.state["position"]["block"] = block
+            self.state["elapsed"] += took
+            await self._throttle(took)
+            if time.monotonic() - self._saved > SAVE_SECONDS:
+                self._save()
+                self._saved = time.monotonic()
+            if self._stop:
+                raise _Stopped
+            self._piece_began = time.monotonic()
+        result = await run(self.v.checks.verify(alloc, repair=True, first_block=first),
+                           on_breathe=between)
+        return result, time.monotonic() - t0
+
+    async def _throttle(self, took: float) -> None:
         rate = self.state.get("rate")
         if rate:
             # Sleep until this piece's bytes fit under the rate.
-            await trio.sleep(min(1.0, self.m.chunk_blocks * BLOCK / rate))
+            await trio.sleep(min(1.0, self.v.checks.chunk_blocks * BLOCK / rate))
         else:
             await trio.sleep(took * (1 - DUTY) / DUTY)
 
-    def _count(self, alloc, result: dict, seconds: float) -> None:
+    def _count(self, alloc: Allocation, verified: tuple[dict, float]) -> None:
+        result, seconds = verified
         per = {k: result.get(k, 0) for k in COUNTERS}
         per.update(path=alloc.path, seconds=round(seconds, 3),
                    rate=per["bytes"] / seconds if seconds else None,
@@ -218,4 +237,4 @@ class Scrubber:
         return {k: int(kept.get(k, 0)) for k in ("runs", *COUNTERS)}
 
     def _event(self, kind: str, **detail) -> None:
-        self.m.note(kind, **detail)
+        self.v.reports.note(kind, **detail)

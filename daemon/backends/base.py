@@ -1,4 +1,4 @@
-"""The Backend interface. The AllocationManager talks to memory only through it."""
+"""The Backend interface. The daemon's core talks to memory only through it."""
 from __future__ import annotations
 
 import abc

@@ -1,4 +1,4 @@
-"""The socket server: a thin adapter from framed requests to the AllocationManager.
+"""The socket server: a thin adapter from framed requests to the verbs (daemon/verbs/).
 
     transport.py    the listening socket, peer credentials, framed I/O on one connection
     limits.py       the rates of connections: pace, answered refusals, minute warnings

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gpumemctl.protocol import PermissionDenied
@@ -15,10 +15,12 @@ from ..nodes import Node
 from ..sessions import Session
 
 if TYPE_CHECKING:
-    from ..manager import AllocationManager
+    from ..verbs import Verbs
     from .service import Server
 
-Reply = tuple[dict, list[int]]          # the answer's result and the fds that ride with it
+# The answer's result (a plain dict, or a reply type of gpumemctl.protocol.replies) and the
+# fds that ride with it.
+Reply = tuple[Mapping[str, Any], list[int]]
 ProgressSend = Callable[[dict], Awaitable[None]]
 
 
@@ -32,8 +34,8 @@ class Call:
     progress: ProgressSend | None = None    # set when the op sends progress frames
 
     @property
-    def manager(self) -> AllocationManager:
-        return self.server.manager
+    def verbs(self) -> Verbs:
+        return self.server.verbs
 
 
 def privileged(session: Session) -> bool:
@@ -70,4 +72,4 @@ def node_visible(call: Call, node: Node) -> bool:
     """Whether a `changed` frame may name this node to the session: where it could `info` it
     (search permission on every directory above it; the privileged see all). A removed node
     is judged by the directories it was in."""
-    return privileged(call.session) or call.manager.may_search_to(node, call.session.cred)
+    return privileged(call.session) or call.verbs.queries.may_search_to(node, call.session.cred)

@@ -26,7 +26,7 @@ from gpumemctl.protocol.defaults import (
     SCRUB_ACTION,
 )
 
-from ..refill import REPORT_ACTIONS, REPORT_RESULTS
+from ..verbs.refill import REPORT_ACTIONS, REPORT_RESULTS
 from . import allocations, status, streams, verify
 from .call import Call, Reply
 from .schema import REQUIRED, Arg, Kind
@@ -68,7 +68,7 @@ async def hello_again(call: Call) -> Reply:
 # ---- arguments that several ops share -------------------------------------------------------
 
 def path(default: object = REQUIRED) -> Arg:
-    """An allocation or directory name. The manager holds it to the name rules
+    """An allocation or directory name. The verbs hold it to the name rules
     (gpumemctl/protocol/names.py: lengths, components), in their own words."""
     return Arg("path", Kind.STR, default)
 

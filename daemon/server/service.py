@@ -6,7 +6,7 @@ Each later frame is a request {id, op, args}: its op is looked up in ops.OPS, it
 checked against the op's schema, and its handler answers {id, ok: true, result} or
 {id, ok: false, error: {code, name, message, details}}. A framing error is answered once and
 the connection is closed; the daemon itself is unharmed. Every request is authorised by the
-manager from the peer's SO_PEERCRED. See docs/protocol.md.
+verbs from the peer's SO_PEERCRED. See docs/protocol.md.
 """
 from __future__ import annotations
 
@@ -27,17 +27,17 @@ from gpumemctl.protocol import (
 )
 from gpumemctl.protocol.release import VERSION
 
-from .. import offload
 from ..config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_UID
 from ..sessions import Session
+from ..verbs.plan import run, run_sync
 from . import ops, status, streams
 from .call import Call
 from .schema import validate
 from .transport import Connection, ConnectionLimits, listen
 
 if TYPE_CHECKING:
-    from ..manager import AllocationManager
     from ..scrub import Scrubber
+    from ..verbs import Verbs
 
 log = logging.getLogger("gpumemd")
 CLIENT_NAME_CHARS = 100     # what of hello's `client` is kept (it names the session in logs)
@@ -45,12 +45,12 @@ HANDSHAKE_SECONDS = 5.0     # a connection must say hello within this long
 
 
 class Server:
-    def __init__(self, manager: AllocationManager, socket_path: str, info: dict, *,
+    def __init__(self, verbs: Verbs, socket_path: str, info: dict, *,
                  scrubber: Scrubber | None = None, limits: ConnectionLimits | None = None,
                  admin_gid: int | None = None):
         """`limits`: how many connections each user may hold (config max_connections,
         max_connections_per_uid); `admin_gid`: config admin_group."""
-        self.manager = manager
+        self.verbs = verbs
         self.admin_gid = admin_gid
         self.limits = limits or ConnectionLimits(DEFAULT_MAX_CONNECTIONS,
                                                  DEFAULT_MAX_CONNECTIONS_PER_UID)
@@ -66,7 +66,7 @@ class Server:
 
     async def _devices(self) -> list[dict]:
         """The devices with telemetry, as `devices` answers (tests/unit/test_nvml.py)."""
-        return await status.devices_with_telemetry(self.manager)
+        return await status.devices_with_telemetry(self.verbs.reports)
 
     # ---- a connection -----------------------------------------------------------------------
     async def _connection(self, conn: Connection) -> None:
@@ -91,20 +91,10 @@ class Server:
             log.exception("internal error on a connection; closing it")
         finally:
             try:
-                if session is not None:
-                    await self._end_session(session)
+                if session is not None:   # its writers' parity encoded off the loop first
+                    await run(self.verbs.handles.end_session(session))
             finally:
                 conn.close()
-
-    async def _end_session(self, session: Session) -> None:
-        """Release what the session held; the parity its writers need is encoded on worker
-        threads first (a job not run, if this is cancelled, runs in close_session)."""
-        jobs = self.manager.session_jobs(session)
-        try:
-            for job in jobs.values():
-                await offload.parity_work(job)
-        finally:
-            self.manager.close_session(session, parity=jobs)
 
     async def _handshake(self, conn: Connection) -> Session:
         msg, fds = await conn.receive()
@@ -117,16 +107,16 @@ class Server:
             raise ProtocolError(f"protocol version {version!r} is not supported; this "
                                 f"gpumemd speaks version {PROTOCOL_VERSION}")
         client = str(args.get("client", ""))[:CLIENT_NAME_CHARS]
-        session = self.manager.open_session(conn.cred, client)
+        session = self.verbs.handles.open_session(conn.cred, client)
         try:
             await conn.answer(msg.get("id"), {
                 "version": PROTOCOL_VERSION, "daemon": f"gpumemd {VERSION}",
-                "pid": os.getpid(), "backend": self.manager.backend_name,
+                "pid": os.getpid(), "backend": self.verbs.reports.backend_name,
                 "session": session.id})
         except BaseException:
             # The peer went (a client killed mid-hello, tests/security/test_soak.py) or
             # the handshake timed out: the caller never sees this session, so end it here.
-            self.manager.close_session(session, parity={})
+            run_sync(self.verbs.handles.end_session(session))
             raise
         return session
 
@@ -148,7 +138,7 @@ class Server:
                 call.progress = streams.progress_sender(conn, rid)
             assert op.handler is not None
             result, out_fds = await op.handler(call)
-            await self.manager.settle_watchers()    # the mount learns of it first
+            await self.verbs.reports.settle_watchers()    # the mount learns of it first
         except GpumemError as exc:
             await conn.fail(rid, exc)
             return True

@@ -18,36 +18,37 @@ if TYPE_CHECKING:
 
 
 async def status(call: Call) -> Reply:
-    server, m = call.server, call.manager
+    server, reports = call.server, call.verbs.reports
     return {
         "daemon": {**server.info, "pid": os.getpid(), "version": VERSION,
                    "uptime_s": round(time.time() - server.started, 3),
-                   "backend": m.backend_name},
-        "keeper": m.keeper_info(),
-        "devices": await devices_with_telemetry(m),
-        "totals": m.totals(),
+                   "backend": reports.backend_name},
+        "keeper": reports.keeper_info(),
+        "devices": await devices_with_telemetry(reports),
+        "totals": reports.totals(),
         "scrub": scrub_summary(server.scrubber),
         # Per-uid limits and use (config [quotas]): all of them for root and the daemon's
         # user, one's own for anyone else.
-        "quotas": m.quota_report(own_uid_unless_privileged(call.session)),
-        # The administrator's newest snapshot create, restore and verify (daemon/refill.py).
-        "snapshots": m.last_snapshots,
+        "quotas": reports.quota_report(own_uid_unless_privileged(call.session)),
+        # The administrator's newest snapshot create, restore and verify
+        # (daemon/verbs/refill.py).
+        "snapshots": call.verbs.records.last_snapshots,
     }, []
 
 
 async def devices(call: Call) -> Reply:
-    return {"devices": await devices_with_telemetry(call.manager)}, []
+    return {"devices": await devices_with_telemetry(call.verbs.reports)}, []
 
 
-async def devices_with_telemetry(manager: Any) -> list[dict]:
+async def devices_with_telemetry(reports: Any) -> list[dict]:
     """The backend's devices, the bytes our allocations hold on each, and NVML telemetry.
     The NVML snapshot is taken on a worker thread: a slow driver never stalls the server.
-    (`manager` is Any: tests/unit/test_nvml.py passes a stand-in with only backend_name,
+    (`reports` is Any: tests/unit/test_nvml.py passes a stand-in with only backend_name,
     devices() and bytes_held_per_device().)"""
-    ours = manager.bytes_held_per_device()
-    backend = manager.backend_name
+    ours = reports.bytes_held_per_device()
+    backend = reports.backend_name
     listed = [{**d.to_dict(), "backend": backend, "ours": ours.get(d.uuid, 0)}
-              for d in manager.devices()]
+              for d in reports.devices()]
     if backend == "host":          # memfd memory: there is no GPU to ask about
         return [{**d, **nvml.unavailable_fields("the host backend has no GPU")}
                 for d in listed]

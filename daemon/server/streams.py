@@ -8,6 +8,7 @@ nothing is buffered without limit, and a reader too slow to keep up is cut off.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -34,14 +35,14 @@ EVENTS_ANSWER_BYTES = 4 << 20
 
 async def events(call: Call) -> Reply:
     a = call.args
-    found, complete = call.manager.events(
+    found, complete = call.verbs.reports.events(
         since=a["since"], limit=a["limit"], path=a["path"], max_bytes=EVENTS_ANSWER_BYTES,
         **_whose_view(call))
     return {"events": found, "complete": complete}, []
 
 
 def _whose_view(call: Call) -> dict:
-    """The arguments of manager.events that limit it to what this session may see
+    """The arguments of Reports.events that limit it to what this session may see
     (call.event_visible, in SQL)."""
     return {"uid": own_uid_unless_privileged(call.session),
             "administrator": administrator(call)}
@@ -56,11 +57,11 @@ async def follow_events(call: Call, conn: Connection) -> None:
 async def subscribe(call: Call, conn: Connection) -> None:
     """`subscribe`: the backlog (events after `since`; none without it) and the newest
     event id, then events as they commit and coalesced `changed` frames."""
-    since, manager = call.args["since"], call.manager
-    backlog, complete = ([], True) if since is None else manager.events(
+    since, reports = call.args["since"], call.verbs.reports
+    backlog, complete = ([], True) if since is None else reports.events(
         since=since, limit=call.args["limit"], max_bytes=EVENTS_ANSWER_BYTES,
         **_whose_view(call))
-    answer = {"events": backlog, "complete": complete, "last_event": manager.last_event_id()}
+    answer = {"events": backlog, "complete": complete, "last_event": reports.last_event_id()}
     await stream(call, conn, answer, changes=True)
 
 
@@ -105,12 +106,12 @@ class _Outbox:
             self.cut_off.cancel()
 
     def deliver(self, event: dict) -> None:
-        """The manager's subscriber callback: an event has committed."""
+        """The journal's subscriber callback: an event has committed."""
         if event_visible(self.call, event):
             self._push(("event", event))
 
     def changed(self, node: Node) -> None:
-        """The manager's change listener: a node changed in a way a monitor redraws."""
+        """The journal's change listener: a node changed in a way a monitor redraws."""
         if not self.pending:           # the first change since the last frame wakes it
             self._push(self.CHANGED)
         self.pending[node.id] = node
@@ -122,7 +123,8 @@ class _Outbox:
         return nodes
 
 
-async def stream(call: Call, conn: Connection, answer: dict, *, changes: bool) -> None:
+async def stream(call: Call, conn: Connection, answer: Mapping[str, Any], *,
+                 changes: bool) -> None:
     """Send `answer`, then push frames on this connection until the client hangs up:
     {"id": rid, "event": {...}} for each committed event the session may see and, with
     `changes`, {"id": rid, "changed": {"nodes": [...], "paths": [...]}} at most once per
@@ -131,7 +133,7 @@ async def stream(call: Call, conn: Connection, answer: dict, *, changes: bool) -
     written when it happens is left unfinished)."""
     with trio.CancelScope() as cut_off:
         outbox = _Outbox(call, cut_off)
-        with call.manager.observing(outbox.deliver, outbox.changed if changes else None):
+        with call.verbs.reports.observing(outbox.deliver, outbox.changed if changes else None):
             await conn.answer(call.rid, answer)
             async with trio.open_nursery() as nursery:
                 async def hang_up_watch() -> None:

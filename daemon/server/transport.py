@@ -14,7 +14,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import trio
@@ -342,7 +342,8 @@ class Connection:
         EOFError when the peer closes between frames; ProtocolError on a framing error."""
         return await framing.arecv_frame(self.sock, framing.MAX_REQUEST_BYTES)
 
-    async def answer(self, rid: Any, result: dict, fds: Sequence[int] = ()) -> None:
+    async def answer(self, rid: Any, result: Mapping[str, Any], fds: Sequence[int] = ()
+                     ) -> None:
         data = framing.encode({"id": rid, "ok": True, "result": result}, len(fds))
         size = len(data) - framing.HEADER_SIZE
         if size > MAX_ANSWER_BYTES:

@@ -2,9 +2,6 @@
 progress frames of verify and recover (docs/ecc.md, docs/protocol.md)."""
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any
-
 import trio
 
 from gpumemctl.protocol import InternalError, PermissionDenied, UsageError, jsontext
@@ -13,6 +10,7 @@ from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
 from ..describe import shown_path
 from ..ecc.layout import BLOCK
 from ..nodes import Allocation
+from ..verbs.plan import run
 from .call import (
     Call,
     ProgressSend,
@@ -39,7 +37,7 @@ async def verify(call: Call) -> Reply:
     what the caller may repair (may_repair); the others are verified as without it, and
     their result says `"repair": "not permitted"` (damage left in them: exit 8)."""
     a = call.args
-    targets = call.manager.ecc_targets(a["paths"], call.session.cred, a["all"])
+    targets = call.verbs.checks.ecc_targets(a["paths"], call.session.cred, a["all"])
     repairs = [a["repair"] and may_repair(call, t) for t in targets]
     results = await verify_all(call, targets, repairs)
     for result, repaired in zip(results, repairs, strict=True):
@@ -81,50 +79,36 @@ def may_repair(call: Call, alloc: Allocation) -> bool:
 
 
 async def recover(call: Call) -> Reply:
-    alloc = call.manager.lookup_allocation(call.args["path"], call.session.cred)
+    alloc = call.verbs.queries.lookup_allocation(call.args["path"], call.session.cred)
     if alloc.uid != call.session.cred.uid:
         require_administrator(call, f"recover '{alloc.path}', which uid {alloc.uid} owns")
     [result] = await verify_all(call, [alloc], [True])
     return {"allocation": result,
-            "info": call.manager.info(call.args["path"], call.session.cred)}, []
+            "info": call.verbs.queries.info(call.args["path"], call.session.cred)}, []
 
 
 async def verify_all(call: Call, targets: list[Allocation],
                      repairs: list[bool]) -> list[dict]:
-    """Verify each target, repairing those whose entry in `repairs` is true. Each result
-    (and progress frame) names the target by a name the caller may search to."""
-    steps = call.manager.verify_steps
+    """Verify each target, repairing those whose entry in `repairs` is true, piece by
+    piece (the loop runs between pieces: Checks.verify is a plan). Each result (and progress
+    frame) names the target by a name the caller may search to."""
+    checks = call.verbs.checks
     names = [shown_path(t, call.session.cred) for t in targets]
     meter = None
     if call.progress is not None:
-        meter = EccProgress([call.manager.protected_bytes(t) for t in targets], names,
+        meter = EccProgress([checks.protected_bytes(t) for t in targets], names,
                             call.progress)
         await meter.report(force=True)
     results = []
     for i, target in enumerate(targets):
         if meter is None:
-            result = await drive(steps(target, repairs[i]))
+            result = await run(checks.verify(target, repairs[i]))
         else:
             meter.begin(i)
-            result = await drive(steps(target, repairs[i]), meter.piece)
+            result = await run(checks.verify(target, repairs[i]), on_breathe=meter.piece)
             meter.end()
         results.append({**result, "path": names[i]})
     return results
-
-
-async def drive(steps: Generator[Any, None, Any],
-                on_piece: Callable[[Any], Awaitable[None]] | None = None) -> Any:
-    """Run a manager generator to its end, letting the loop run between its pieces
-    (`on_piece(value)`, awaited, does that when given: it always checkpoints)."""
-    while True:
-        try:
-            value = next(steps)
-        except StopIteration as done:
-            return done.value
-        if on_piece is None:
-            await trio.sleep(0)
-        else:
-            await on_piece(value)
 
 
 async def scrub(call: Call) -> Reply:
@@ -153,8 +137,8 @@ def visible_scrub_status(call: Call, status: dict) -> dict:
     def visible(lines: dict) -> dict:
         out = {}
         for key, line in lines.items():
-            node = call.manager.node_or_none(int(key))
-            if node is not None and call.manager.may_search_to(node, call.session.cred):
+            node = call.verbs.queries.node_or_none(int(key))
+            if node is not None and call.verbs.queries.may_search_to(node, call.session.cred):
                 out[key] = {**line, "path": shown_path(node, call.session.cred)}
         return out
     status = dict(status)
@@ -173,8 +157,9 @@ async def check(call: Call) -> Reply:
     # on a worker thread, with a read-only connection of its own, while the loop serves
     # everyone else. The other checks compare in-memory state: on the loop, in one go, so
     # that no change lands between their reads.
-    integrity_errors = await trio.to_thread.run_sync(call.manager.registry_integrity_errors)
-    return call.manager.check(repair, integrity_errors=integrity_errors), []
+    checks = call.verbs.checks
+    integrity_errors = await trio.to_thread.run_sync(checks.registry_integrity_errors)
+    return checks.check(repair, integrity_errors=integrity_errors), []
 
 
 async def debug_corrupt(call: Call) -> Reply:
@@ -184,8 +169,8 @@ async def debug_corrupt(call: Call) -> Reply:
     except ValueError:
         raise UsageError(f"invalid pattern {a['pattern']!r}: expected hex bytes, "
                          "e.g. ff or deadbeef") from None
-    return call.manager.corrupt(a["path"], call.session.cred, a["offset"], a["length"],
-                                pattern, a["parity"]), []
+    return call.verbs.checks.corrupt(a["path"], call.session.cred, a["offset"], a["length"],
+                                     pattern, a["parity"]), []
 
 
 class EccProgress:
@@ -195,7 +180,7 @@ class EccProgress:
     never passes it, whatever the allocations do meanwhile (grow, shrink, go away)."""
 
     def __init__(self, sizes: list[int], names: list[str], send: ProgressSend):
-        """`sizes`: the protected bytes of each target now (manager.protected_bytes);
+        """`sizes`: the protected bytes of each target now (Checks.protected_bytes);
         `names`: what to call each in the frames."""
         self.names, self.send = names, send
         self.sizes = sizes

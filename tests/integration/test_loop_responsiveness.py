@@ -1,6 +1,6 @@
 """Nothing slow on the event loop (issue 13): while one client closes a 1 GiB allocation it
 wrote, which re-encodes all its parity, another client's requests are answered as fast as
-ever. The encode runs on a worker thread (daemon/offload.py) while the handle is still held.
+ever. The encode runs on a worker thread (daemon/verbs/plan.py) while the handle is still held.
 bench/loop.py measures the same with a table; this holds the target in CI."""
 from __future__ import annotations
 

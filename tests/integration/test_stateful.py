@@ -2,7 +2,7 @@
 
 Hypothesis drives create / write / read / durable / transient / rm / restart (kill -9 and
 SIGTERM) through `gpumemctl.Client`, and an in-memory model predicts every answer. The model
-follows daemon/manager.py exactly:
+follows daemon/verbs/ exactly:
 
 - `create NAME` makes missing parent directories (mode 0755, like `mkdir -p`). Those
   directories are namespace entries in their own right: they stay when their allocations go
@@ -89,7 +89,7 @@ class AllocationLifecycle(RuleBasedStateMachine):
         return result
 
     def _lookup_error(self, path: str) -> type[GpumemError] | None:
-        """What AllocationManager.lookup() raises for `path` (None when it resolves)."""
+        """What Queries.lookup() raises for `path` (None when it resolves)."""
         for prefix in _prefixes(path):
             if prefix not in self.dirs:      # missing, or an allocation: both NotFound
                 return NotFound

@@ -22,6 +22,13 @@ VIOLATIONS = [
     ("gpumemctl/formats.py", "from daemon import nodes",
      "the client side (gpumemctl) imports nothing of the daemon"),
     ("gpumemctl/output.py", "import tui", "the client side (gpumemctl) imports nothing"),
+    # The library (and the monitor) never import the CLI.
+    ("gpumemctl/client.py", "from .cli import context",
+     "the client library never imports the CLI (gpumemctl.cli)"),
+    ("gpumemctl/snapshots/engine.py", "from ..cli.snapshot import snapshot",
+     "the client library never imports the CLI (gpumemctl.cli)"),
+    ("tui/source.py", "from gpumemctl.cli.plain import parse",
+     "the client library never imports the CLI (gpumemctl.cli)"),
     ("daemon/quotas.py", "from gpumemctl.client import Client",
      "the daemon imports from gpumemctl only gpumemctl.protocol and gpumemctl.cudadrv"),
     ("daemon/quotas.py", "from gpumemctl import attach",
@@ -39,8 +46,13 @@ VIOLATIONS = [
      "the daemon's core: each layer imports only those below it"),
     ("daemon/holders.py", "from .custody import Custody",
      "the daemon's core: each layer imports only those below it"),
-    ("daemon/integrity.py", "from .manager import AllocationManager",
+    ("daemon/integrity.py", "from .lifecycle import Lifecycle",
      "the daemon's core: each layer imports only those below it"),
+    ("daemon/custody.py", "from .verbs.names import NameVerbs",
+     "the daemon's core: each layer imports only those below it"),
+    # The verb groups (daemon/verbs/): none imports another.
+    ("daemon/verbs/handles.py", "from .data import DataVerbs",
+     "verb modules are independent of each other"),
 ]
 
 

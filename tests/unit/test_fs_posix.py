@@ -1,7 +1,7 @@
 """Tier (a) for issue 12's POSIX rules, where the mount cannot reach: daemon/fs.py's
 Operations called directly with a request context (the create that races a socket-side
 create), the relatime day rule, the access-time column's migration, and EFBIG versus ENOSPC
-in the manager."""
+in the verbs."""
 from __future__ import annotations
 
 import errno
@@ -15,8 +15,9 @@ import trio
 
 from daemon.errno_map import errno_for
 from daemon.fs import Operations
-from daemon.manager import DAEMON, RELATIME_NS
+from daemon.namespace import DAEMON, RELATIME_NS
 from daemon.registry import ROOT_ID, SCHEMA_VERSION, Registry
+from daemon.verbs.plan import run_sync
 from gpumemctl.protocol import NoMemory
 from tests.sizes import MiB
 
@@ -34,13 +35,13 @@ def fuse_errno(fn, *args) -> int:
 
 @pytest.fixture
 def m(world):
-    """A manager on a real registry, the host backend (256 MiB) and the in-process keeper."""
+    """The verbs on a real registry, the host backend (256 MiB) and the in-process keeper."""
     return world.m
 
 
 @pytest.fixture
 def ops(m):
-    operations = Operations(m, m.open_session(DAEMON, client="mount"))
+    operations = Operations(m.verbs, m.handles.open_session(DAEMON, client="mount"))
     yield operations
     for fh in list(operations.handles):
         trio.run(operations.release, fh)
@@ -50,9 +51,9 @@ def ops(m):
 def test_create_of_an_existing_name_opens_it_and_o_trunc_empties_it(m, ops):
     """The kernel sends CREATE when its lookup found nothing; a socket client may have made
     the name since. Without O_EXCL that is an open of the existing file."""
-    m.create("raced", ROOT, size=MiB, mode=0o644)
-    alloc = m.lookup("raced", ROOT)
-    m.write_at(alloc, 0, b"made through the socket")
+    run_sync(m.names.create("raced", ROOT, size=MiB, mode=0o644))
+    alloc = m.queries.lookup("raced", ROOT)
+    m.data.write_at(alloc, 0, b"made through the socket")
     info, attrs = trio.run(ops.create, ROOT_ID, b"raced", 0o644, os.O_RDWR, ROOT_CTX)
     assert attrs.st_ino == alloc.id and attrs.st_size == MiB
     assert bytes(trio.run(ops.read, info.fh, 0, 23)) == b"made through the socket"
@@ -64,14 +65,14 @@ def test_create_of_an_existing_name_opens_it_and_o_trunc_empties_it(m, ops):
 
 
 def test_create_of_an_existing_name_checks_the_permission_the_kernel_skipped(m, ops):
-    m.create("private", ROOT, size=MiB, mode=0o600)
-    m.create("readable", ROOT, size=MiB, mode=0o644)
-    m.mkdir("dir", ROOT)
+    run_sync(m.names.create("private", ROOT, size=MiB, mode=0o600))
+    run_sync(m.names.create("readable", ROOT, size=MiB, mode=0o644))
+    m.names.mkdir("dir", ROOT)
     assert fuse_errno(ops.create, ROOT_ID, b"private", 0o644, os.O_RDONLY, ALICE) == \
         errno.EACCES
     assert fuse_errno(ops.create, ROOT_ID, b"readable", 0o644, os.O_RDONLY | os.O_TRUNC,
                       ALICE) == errno.EACCES
-    assert m.lookup("readable", ROOT).size == MiB
+    assert m.queries.lookup("readable", ROOT).size == MiB
     assert fuse_errno(ops.create, ROOT_ID, b"dir", 0o644, os.O_RDONLY, ROOT_CTX) == \
         errno.EISDIR
     clean(m)
@@ -84,17 +85,17 @@ def stored_atime(m, node_id: int) -> int:
 
 
 def test_relatime_moves_a_day_old_access_time_and_leaves_a_recent_one(m):
-    m.create("f", ROOT, size=MiB)
-    f = m.lookup("f", ROOT)
+    run_sync(m.names.create("f", ROOT, size=MiB))
+    f = m.queries.lookup("f", ROOT)
     recent = f.modified_ns + 1
-    m.setattr(f.id, ROOT, atime_ns=recent)
+    m.names.setattr(f.id, ROOT, atime_ns=recent)
     f.changed_ns = f.modified_ns                       # as if nothing changed since
-    m.note_access(f)
+    m.names.note_access(f)
     assert f.accessed_ns == recent == stored_atime(m, f.id)
     day_old = f.modified_ns + 1
     f.modified_ns = f.changed_ns = day_old - RELATIME_NS
     f.accessed_ns = day_old - RELATIME_NS + 1         # after mtime, but a day old
-    m.note_access(f)
+    m.names.note_access(f)
     assert f.accessed_ns > day_old and stored_atime(m, f.id) == f.accessed_ns
 
 
@@ -125,16 +126,17 @@ def test_the_access_time_column_is_added_with_the_modification_time(tmp_path):
 def test_too_big_for_any_device_is_efbig_and_not_now_is_enospc(m):
     """One 256 MiB host device."""
     with pytest.raises(NoMemory) as exc:
-        m.create("huge", ROOT, size=300 * MiB)
+        run_sync(m.names.create("huge", ROOT, size=300 * MiB))
     assert errno_for(exc.value) == errno.EFBIG
     assert "free of 256M total; that exceeds the device's total memory" in str(exc.value)
     with pytest.raises(NoMemory) as exc:                # fits the total only without parity
-        m.create("almost", ROOT, size=256 * MiB)
+        run_sync(m.names.create("almost", ROOT, size=256 * MiB))
     assert errno_for(exc.value) == errno.EFBIG and "ECC parity" in str(exc.value)
-    m.create("none", ROOT, size=256 * MiB, ecc="none")  # without ECC it fits exactly
-    m.remove("none", ROOT)
-    m.create("hog", ROOT, size=150 * MiB)
+    # without ECC it fits exactly
+    run_sync(m.names.create("none", ROOT, size=256 * MiB, ecc="none"))
+    m.names.remove("none", ROOT)
+    run_sync(m.names.create("hog", ROOT, size=150 * MiB))
     with pytest.raises(NoMemory) as exc:
-        m.create("more", ROOT, size=150 * MiB)
+        run_sync(m.names.create("more", ROOT, size=150 * MiB))
     assert errno_for(exc.value) == errno.ENOSPC
     clean(m)

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from daemon.verbs.plan import run_sync
 from tests.sizes import MiB
 
 from .world import ROOT, World, clean
@@ -27,15 +28,15 @@ def world(tmp_path):
 
 def _rates(m, target: str, parent_id: int, tag: str) -> dict[str, float]:
     """Operations a second, the best of three rounds (a loaded machine slows some)."""
-    node = m.lookup(target, ROOT)
+    node = m.queries.lookup(target, ROOT)
     best: dict[str, float] = {}
     for round_ in range(3):
         names = [f"{tag}{round_}-{i}" for i in range(OPS)]
         steps = {
-            "socket link": lambda n: m.link(target, f"s/{n}", ROOT),
-            "socket rm": lambda n: m.remove(f"s/{n}", ROOT),
-            "mount link": lambda n: m.link_child(node.id, parent_id, n, ROOT),
-            "mount unlink": lambda n: m.unlink_child(parent_id, n, ROOT),
+            "socket link": lambda n: m.names.link(target, f"s/{n}", ROOT),
+            "socket rm": lambda n: m.names.remove(f"s/{n}", ROOT),
+            "mount link": lambda n: m.names.link_child(node.id, parent_id, n, ROOT),
+            "mount unlink": lambda n: m.names.unlink_child(parent_id, n, ROOT),
         }
         for what, step in steps.items():
             t = time.perf_counter()
@@ -47,16 +48,16 @@ def _rates(m, target: str, parent_id: int, tag: str) -> dict[str, float]:
 
 def test_links_and_unlinks_cost_the_same_with_20000_names(world):
     m = world.m
-    m.mkdir("s", ROOT)
-    m.mkdir("many", ROOT)
-    m.create("fresh", ROOT, size=4096)
-    m.create("linked", ROOT, size=4096)
-    s, many = m.lookup("s", ROOT).id, m.lookup("many", ROOT).id
+    m.names.mkdir("s", ROOT)
+    m.names.mkdir("many", ROOT)
+    run_sync(m.names.create("fresh", ROOT, size=4096))
+    run_sync(m.names.create("linked", ROOT, size=4096))
+    s, many = m.queries.lookup("s", ROOT).id, m.queries.lookup("many", ROOT).id
     fresh = _rates(m, "fresh", s, "f")
-    linked = m.lookup("linked", ROOT)
+    linked = m.queries.lookup("linked", ROOT)
     for i in range(NAMES - 1):
-        m.link_child(linked.id, many, f"n{i}", ROOT)
-    assert m.info("linked", ROOT)["links"] == NAMES
+        m.names.link_child(linked.id, many, f"n{i}", ROOT)
+    assert m.queries.info("linked", ROOT)["links"] == NAMES
     crowded = _rates(m, "linked", s, "c")
     slow = {what: f"{crowded[what]:.0f}/s against {fresh[what]:.0f}/s"
             for what in fresh if crowded[what] < fresh[what] / 4}
@@ -85,16 +86,17 @@ class FailingCommit:
                                     "rename a name"])
 def test_a_rolled_back_change_keeps_every_name_in_its_place(world, change):
     m = world.m
-    m.create("d/a", ROOT, size=MiB, durable=True)     # durable: every change commits at once
+    # durable: every change commits at once
+    run_sync(m.names.create("d/a", ROOT, size=MiB, durable=True))
     for name in ("b", "c", "e"):
-        m.link("d/a", f"d/{name}", ROOT)
-    before = m.info("d/a", ROOT)["names"]
-    d = m.lookup("d", ROOT).id
+        m.names.link("d/a", f"d/{name}", ROOT)
+    before = m.queries.info("d/a", ROOT)["names"]
+    d = m.queries.lookup("d", ROOT).id
     actions = {
-        "rm first name": lambda: m.remove("d/a", ROOT),
-        "rm a middle name": lambda: m.unlink_child(d, "c", ROOT),
-        "link": lambda: m.link("d/a", "d/z", ROOT),
-        "rename a name": lambda: m.rename(d, "c", d, "y", ROOT),
+        "rm first name": lambda: m.names.remove("d/a", ROOT),
+        "rm a middle name": lambda: m.names.unlink_child(d, "c", ROOT),
+        "link": lambda: m.names.link("d/a", "d/z", ROOT),
+        "rename a name": lambda: m.names.rename(d, "c", d, "y", ROOT),
     }
     m.registry.db = FailingCommit(m.registry.db)
     try:
@@ -102,8 +104,8 @@ def test_a_rolled_back_change_keeps_every_name_in_its_place(world, change):
             actions[change]()
     finally:
         m.registry.db = m.registry.db._db
-    assert m.info("d/b", ROOT)["names"] == before == ["d/a", "d/b", "d/c", "d/e"]
+    assert m.queries.info("d/b", ROOT)["names"] == before == ["d/a", "d/b", "d/c", "d/e"]
     clean(m)
-    m.remove("d/a", ROOT)                               # and the next change works
-    assert m.info("d/b", ROOT)["names"] == ["d/b", "d/c", "d/e"]
+    m.names.remove("d/a", ROOT)                               # and the next change works
+    assert m.queries.info("d/b", ROOT)["names"] == ["d/b", "d/c", "d/e"]
     clean(m)

@@ -10,10 +10,11 @@ import sqlite3
 
 import pytest
 
+from daemon.verbs.plan import run_sync
 from gpumemctl.protocol import GpumemError
 from tests.sizes import MiB
 
-from .world import ROOT, World, clean
+from .world import ROOT, World, clean, with_workers
 
 FULL = "database or disk is full"
 # Statements that undo or scope a transaction are never made to fail: SQLite itself runs a
@@ -55,115 +56,100 @@ def seen(m) -> dict:
     the keeper holds."""
     entries = {e["path"]: {k: e.get(k) for k in ("type", "size", "capacity", "durable",
                                                    "mode", "uid", "gid", "state")}
-               for e in m.listdir("", ROOT, recursive=True)}
+               for e in m.queries.listdir("", ROOT, recursive=True)}
     free = [d.free for d in m.backend.devices()]
-    metadata = {path: m.info(path, ROOT)["metadata"] for path in entries}
+    metadata = {path: m.queries.info(path, ROOT)["metadata"] for path in entries}
     return {"entries": entries, "free": free, "kept": sorted(m.keeper.keys()),
             "metadata": metadata, "metadata_used": dict(m.ns.nodes.metadata)}
 
 
 # ---- the verbs: (setup, action), each on a fresh world ---------------------------------------
 def _setup(m):
-    m.mkdir("d", ROOT)
-    m.mkdir("empty", ROOT)
-    m.create("d/trans", ROOT, size=2 * MiB)
-    m.create("d/keep", ROOT, size=2 * MiB, durable=True, metadata={"k": "v", "i": "x" * 9})
-    m.meta_set("d", "dk", "dv", ROOT)
+    m.names.mkdir("d", ROOT)
+    m.names.mkdir("empty", ROOT)
+    run_sync(m.names.create("d/trans", ROOT, size=2 * MiB))
+    run_sync(m.names.create("d/keep", ROOT, size=2 * MiB, durable=True,
+                            metadata={"k": "v", "i": "x" * 9}))
+    m.metadata.meta_set("d", "dk", "dv", ROOT)
 
 
 def _id(m, path: str) -> int:
-    return m.lookup(path, ROOT).id
+    return m.queries.lookup(path, ROOT).id
 
 
 def _open_read(m):
-    m.open("d/keep", ROOT, m.open_session(ROOT), "r")
+    m.handles.open("d/keep", ROOT, m.handles.open_session(ROOT), "r")
 
 
 def _create_deposit_off_loop(m, path="d/new"):
-    """The socket server's durable create (daemon/server/allocations.py): prepare on the
-    loop, the deposit (on a worker thread there), then create with what was prepared."""
-    request = dict(size=4 * MiB, durable=True, mode=0o600, device=None, ecc=None,
-                   exist_ok=False, session=None, lease=False)
-    prepared = m.prepare_create(path, ROOT, **request)
-    try:
-        m.custody.send(m.custody.handover(prepared.alloc))
-    except BaseException:
-        m.abandon(prepared)
-        raise
-    m.create(path, ROOT, prepared=prepared, **request)
+    """The socket server's durable create (NameVerbs.create's plan): prepare on the loop, the
+    deposit (on a worker thread there), then the create with what was prepared."""
+    with_workers(m.names.create(path, ROOT, size=4 * MiB, durable=True, mode=0o600))
 
 
 def _durable_deposit_off_loop(m):
-    """The socket server's `durable` (daemon/server/allocations.py), step by step."""
-    deposit = m.prepare_durable("d/trans", ROOT)
-    m.custody.send(deposit)
-    try:
-        m.set_durable("d/trans", ROOT, True, deposited=deposit)
-    except BaseException:
-        m.custody.withdraw_quietly(deposit.key)
-        raise
+    """The socket server's `durable` (DurabilityVerbs.set_durable's plan), step by step."""
+    with_workers(m.durability.set_durable("d/trans", ROOT, True))
 
 
 def _close_written_off_loop(m):
     """The socket server's close of a handle that wrote: the parity job first (a worker
     thread there), then the close that finishes it."""
-    session = m.open_session(ROOT)
-    holder, fd, _info = m.open("d/keep", ROOT, session, "rw")
+    session = m.handles.open_session(ROOT)
+    holder, fd, _info = m.handles.open("d/keep", ROOT, session, "rw")
     import os
     os.close(fd)
-    job = m.parity_job(m.handle(session, holder.id))
-    job.run()
-    m.close_handle(session, holder.id, written={"bytes": 10}, parity=job, planned=True)
+    with_workers(m.handles.close(session, holder.id, written={"bytes": 10}))
 
 
 def _seal_off_loop(m):
     """An attached writer seals (the socket server's steps): the job, then the seal."""
     import os
-    session = m.open_session(ROOT)
-    holder, fd, _info = m.attach("d/keep", ROOT, session, "rw")
+    session = m.handles.open_session(ROOT)
+    holder, fd, _info = m.handles.attach("d/keep", ROOT, session, "rw")
     os.close(fd)
-    job = m.seal_job("d/keep", ROOT, session)
-    job.run()
-    m.seal("d/keep", ROOT, session, parity=job, planned=True)
-    m.detach(session, holder.id)
+    with_workers(m.handles.seal("d/keep", ROOT, session))
+    run_sync(m.handles.detach(session, holder.id))
 
 
 VERBS = {
-    "mkdir": lambda m: m.mkdir("d/sub", ROOT),
-    "mkdir -p": lambda m: m.mkdir("a/b/c", ROOT, parents=True),
-    "create transient": lambda m: m.create("d/new", ROOT, size=4 * MiB),
-    "create durable": lambda m: m.create("d/new", ROOT, size=4 * MiB, durable=True),
-    "create with parents": lambda m: m.create("x/y/new", ROOT, size=MiB, durable=True),
-    "rm transient": lambda m: m.remove("d/trans", ROOT),
-    "rm durable": lambda m: m.remove("d/keep", ROOT),
-    "rm -r": lambda m: m.remove("d", ROOT, recursive=True),
-    "durable": lambda m: m.set_durable("d/trans", ROOT, True),
-    "transient": lambda m: m.set_durable("d/keep", ROOT, False),
-    "resize up": lambda m: m.resize(m.lookup("d/keep", ROOT), ROOT, 6 * MiB),
-    "resize down": lambda m: m.resize(m.lookup("d/keep", ROOT), ROOT, MiB),
-    "rename": lambda m: m.rename(m.lookup("d", ROOT).id, "keep", m.root.id, "moved", ROOT),
-    "rename over": lambda m: m.rename(m.lookup("d", ROOT).id, "trans",
-                                      m.lookup("d", ROOT).id, "keep", ROOT),
-    "chmod": lambda m: m.setattr(m.lookup("d/keep", ROOT).id, ROOT, mode=0o640),
-    "chown": lambda m: m.setattr(_id(m, "d/trans"), ROOT, uid=1000, gid=1000),
-    "utimes": lambda m: m.setattr(_id(m, "d/keep"), ROOT, mtime_ns=10**18, atime_ns=10**18),
-    "resize transient": lambda m: m.resize(m.lookup("d/trans", ROOT), ROOT, 6 * MiB),
+    "mkdir": lambda m: m.names.mkdir("d/sub", ROOT),
+    "mkdir -p": lambda m: m.names.mkdir("a/b/c", ROOT, parents=True),
+    "create transient": lambda m: run_sync(m.names.create("d/new", ROOT, size=4 * MiB)),
+    "create durable": lambda m: run_sync(m.names.create("d/new", ROOT, size=4 * MiB, durable=True)),
+    "create with parents": lambda m: run_sync(m.names.create("x/y/new", ROOT, size=MiB,
+                                                             durable=True)),
+    "rm transient": lambda m: m.names.remove("d/trans", ROOT),
+    "rm durable": lambda m: m.names.remove("d/keep", ROOT),
+    "rm -r": lambda m: m.names.remove("d", ROOT, recursive=True),
+    "durable": lambda m: run_sync(m.durability.set_durable("d/trans", ROOT, True)),
+    "transient": lambda m: run_sync(m.durability.set_durable("d/keep", ROOT, False)),
+    "resize up": lambda m: m.data.resize(m.queries.lookup("d/keep", ROOT), ROOT, 6 * MiB),
+    "resize down": lambda m: m.data.resize(m.queries.lookup("d/keep", ROOT), ROOT, MiB),
+    "rename": lambda m: m.names.rename(m.queries.lookup("d", ROOT).id, "keep", m.ns.root.id,
+                                       "moved", ROOT),
+    "rename over": lambda m: m.names.rename(m.queries.lookup("d", ROOT).id, "trans",
+                                      m.queries.lookup("d", ROOT).id, "keep", ROOT),
+    "chmod": lambda m: m.names.setattr(m.queries.lookup("d/keep", ROOT).id, ROOT, mode=0o640),
+    "chown": lambda m: m.names.setattr(_id(m, "d/trans"), ROOT, uid=1000, gid=1000),
+    "utimes": lambda m: m.names.setattr(_id(m, "d/keep"), ROOT, mtime_ns=10**18, atime_ns=10**18),
+    "resize transient": lambda m: m.data.resize(m.queries.lookup("d/trans", ROOT), ROOT, 6 * MiB),
     # user metadata (issue 17)
-    "meta set": lambda m: m.meta_set("d/keep", "new", "value", ROOT),
-    "meta set over": lambda m: m.meta_set("d/keep", "k", "other", ROOT),
-    "meta rm": lambda m: m.meta_rm("d/keep", "k", ROOT),
-    "meta set on a directory": lambda m: m.meta_set("d", "dk", "other", ROOT),
-    "meta set transient": lambda m: m.meta_set("d/trans", "k", "v", ROOT),
-    "create with metadata": lambda m: m.create("d/new", ROOT, size=MiB, durable=True,
-                                               metadata={"a": "b", "c": "d"}),
-    "chown with metadata": lambda m: m.setattr(_id(m, "d/keep"), ROOT, uid=1000),
+    "meta set": lambda m: m.metadata.meta_set("d/keep", "new", "value", ROOT),
+    "meta set over": lambda m: m.metadata.meta_set("d/keep", "k", "other", ROOT),
+    "meta rm": lambda m: m.metadata.meta_rm("d/keep", "k", ROOT),
+    "meta set on a directory": lambda m: m.metadata.meta_set("d", "dk", "other", ROOT),
+    "meta set transient": lambda m: m.metadata.meta_set("d/trans", "k", "v", ROOT),
+    "create with metadata": lambda m: run_sync(m.names.create("d/new", ROOT, size=MiB, durable=True,
+                                               metadata={"a": "b", "c": "d"})),
+    "chown with metadata": lambda m: m.names.setattr(_id(m, "d/keep"), ROOT, uid=1000),
     # the mount's verbs, by node id
-    "mkdir in the mount": lambda m: m.mkdir_child(_id(m, "d"), "sub", ROOT),
-    "create in the mount": lambda m: m.create_pending(_id(m, "d"), "pending", ROOT),
-    "unlink in the mount": lambda m: m.unlink_child(_id(m, "d"), "keep", ROOT),
-    "rmdir in the mount": lambda m: m.rmdir_child(m.root.id, "empty", ROOT),
+    "mkdir in the mount": lambda m: m.names.mkdir_child(_id(m, "d"), "sub", ROOT),
+    "create in the mount": lambda m: m.names.create_pending(_id(m, "d"), "pending", ROOT),
+    "unlink in the mount": lambda m: m.names.unlink_child(_id(m, "d"), "keep", ROOT),
+    "rmdir in the mount": lambda m: m.names.rmdir_child(m.ns.root.id, "empty", ROOT),
     "open": _open_read,
-    # the socket server's steps around work it runs off the event loop (daemon/offload.py)
+    # the plans as the socket server runs them, work off the event loop (verbs/plan.py)
     "create durable, deposit off the loop": _create_deposit_off_loop,
     "create with parents, deposit off the loop": lambda m: _create_deposit_off_loop(
         m, "x/y/new"),
@@ -235,7 +221,7 @@ def _one_failure(world, verb: str, action, fail_at: int) -> list[str]:
     try:
         name = next(n for n in (f"after{i}" for i in itertools.count())
                     if n not in after["entries"])
-        m.create(name, ROOT, size=MiB, durable=True)     # service goes on
+        run_sync(m.names.create(name, ROOT, size=MiB, durable=True))     # service goes on
         clean(m)
     except Exception as exc:  # noqa: BLE001 - any failure here is the finding
         problems.append(f"{where}: the next change failed: {exc!r}")

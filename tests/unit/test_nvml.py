@@ -153,9 +153,9 @@ def test_server_merges_telemetry_for_a_gpu_backend_off_the_event_loop():
 
     dev = DeviceInfo(index=0, uuid="GPU-00000000-0000-0000-0000-00000000beef",
                      name="stand-in GPU", total=8 << 30, free=6 << 30, granularity=2 << 20)
-    manager = types.SimpleNamespace(backend_name="cuda", devices=lambda: [dev],
+    reports = types.SimpleNamespace(backend_name="cuda", devices=lambda: [dev],
                                     bytes_held_per_device=lambda: {dev.uuid: 4 << 20})
-    server = Server(manager, "/nonexistent.sock", {})
+    server = Server(types.SimpleNamespace(reports=reports), "/nonexistent.sock", {})
     [entry] = trio.run(server._devices)
     assert entry["ours"] == 4 << 20 and entry["backend"] == "cuda"
     assert entry["telemetry"].startswith("unavailable: ")

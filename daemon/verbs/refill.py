@@ -1,65 +1,53 @@
-"""Refilling allocations from a snapshot: the daemon's side of `gpumemctl snapshot restore`
-(a part of the AllocationManager façade, as daemon/handles.py is).
+"""The daemon's side of `gpumemctl snapshot`: refilling allocations from a snapshot
+(`RefillVerbs`, the start of a restore) and recording what clients report of their snapshots
+(`SnapshotRecords`). The two share nothing but the subject.
 
 The client reads the snapshot with its own rights and writes the memory through an fd, as
-`gpumemctl write` does; the daemon decides what it may fill and when the result is served:
-
-- `begin_refill` (op `refill`): an allocation that is `lost` gets new memory; a missing name
-  is created (transient until the restore completes); an existing allocation with memory is
-  refilled only when asked (`force`). Each needs write permission. The allocation is then
-  `restoring`: nobody else may open, read or attach it (the mount answers EAGAIN), its row
-  says `lost`, and the keeper does not hold it. So a daemon crash, or a client that dies or
-  closes without saying it finished, leaves it `lost` (a created one is removed): a
-  half-restored allocation is never served as whole.
-- `finish_refill` (a `close` with `restored`): the parity is encoded (the close's parity job),
-  blocks the client found damaged in the snapshot are recorded (`degraded`, they read as
-  EIO: the client zeroed them, and zeros are not the data), the row is committed, and then a
-  durable allocation is deposited with the keeper.
+`gpumemctl write` does; the daemon decides what it may fill and when the result is served.
+`begin_refill` (op `refill`): an allocation that is `lost` gets new memory; a missing name is
+created (transient until the restore completes); an existing allocation with memory is
+refilled only when asked (`force`). Each needs write permission. The allocation is then
+`restoring`: nobody else may open, read or attach it (the mount answers EAGAIN), its row says
+`lost`, and the keeper does not hold it. So a daemon crash, or a client that dies or closes
+without saying it finished, leaves it `lost` (a created one is removed): a half-restored
+allocation is never served as whole. How a refill ends is daemon/refills.py's.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable
 
 from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError, round_up
 
-from . import usermeta
-from .backends import Backend
-from .custody import Custody
-from .describe import describe
-from .holders import Holders
-from .integrity import Integrity
-from .journal import Journal
-from .namespace import Namespace
-from .nodes import Allocation, Holder
-from .parity import BLOCK as ECC_BLOCK
-from .permissions import Credentials, R, W, require
-from .registry import Registry
-from .sessions import Session
-
-
-@dataclasses.dataclass
-class Refill:
-    alloc: Allocation
-    created: bool           # made by this restore: removed if it does not complete
-    durable: bool           # what the snapshot says it was
-    unsealed: bool
+from .. import usermeta
+from ..backends import Backend
+from ..creation import Creation, NewAllocation, Request
+from ..custody import Custody
+from ..describe import describe
+from ..holders import Holders
+from ..integrity import Integrity
+from ..journal import Journal
+from ..namespace import Namespace
+from ..nodes import Allocation
+from ..permissions import Credentials, R, W, administrative_uid, require
+from ..refills import Refill, Refills
+from ..registry import Registry
+from ..sessions import Session
 
 
 class RefillVerbs:
-    registry: Registry
-    journal: Journal
-    ns: Namespace
-    integrity: Integrity
-    custody: Custody
-    holders: Holders
-    backend: Backend
-    create: Callable[..., dict]
-    set_durable_node: Callable[..., dict]
-    _remove_holder: Callable[[Holder], None]
-    _refills: dict[int, Refill]
-    meta_bounds: usermeta.Bounds
+    def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
+                 backend: Backend, custody: Custody, integrity: Integrity, holders: Holders,
+                 creation: Creation, refills: Refills, meta_bounds: usermeta.Bounds):
+        self.registry = registry
+        self.journal = journal
+        self.ns = namespace
+        self.backend = backend
+        self.custody = custody
+        self.integrity = integrity
+        self.holders = holders
+        self.creation = creation
+        self.refills = refills
+        self.meta_bounds = meta_bounds
 
     def begin_refill(self, path: str, cred: Credentials, session: Session, *, size: int,
                      mode: int, ecc: str | None, durable: bool, device: str | None,
@@ -73,9 +61,8 @@ class RefillVerbs:
         try:
             alloc = self.ns.lookup_allocation(path, cred)
         except NotFound:
-            self.create(path, cred, size=size, durable=False, mode=mode, device=device,
-                        ecc=ecc, session=session, metadata=metadata)
-            alloc = self.ns.lookup_allocation(path, cred)
+            alloc = self._create(path, cred, Request(size, False, mode, device, ecc,
+                                                     session=session, metadata=metadata))
             created, entries = True, None
         else:
             created = False
@@ -91,14 +78,23 @@ class RefillVerbs:
             self.custody.withdraw_quietly(alloc.id)
         self.integrity.changed_all(alloc)
         self._enter_restoring(alloc, cred, entries)
+        refill = Refill(alloc, created, durable, unsealed)
         try:
             fd = self.backend.export(alloc.buffer, True)
             holder = self.holders.add(alloc, session, "write")
         except BaseException:
-            self._abort(Refill(alloc, created, durable, unsealed), cred)
+            self.refills.undo(refill, cred)
             raise
-        self._refills[holder.id] = Refill(alloc, created, durable, unsealed)
+        self.refills.add(holder.id, refill)
         return holder, fd, describe(alloc)
+
+    def _create(self, path: str, cred: Credentials, request: Request) -> Allocation:
+        """A missing name: a transient allocation, as `create` makes it."""
+        new = self.creation.check(path, cred, request)
+        if not isinstance(new, NewAllocation):
+            raise Exists(f"'{new.path}' already exists")
+        self.creation.make(new, path, cred, request)
+        return self.ns.lookup_allocation(path, cred)
 
     def _require_refillable(self, alloc: Allocation, cred: Credentials, size: int,
                             force: bool) -> None:
@@ -164,63 +160,6 @@ class RefillVerbs:
         for alloc in queued:
             alloc.restore_queued = False
 
-    def refill_of(self, holder_id: int) -> Refill | None:
-        return self._refills.get(holder_id)
-
-    def finish_refill(self, session: Session, holder: Holder, damaged: list) -> dict:
-        """The client wrote every block and says which it found damaged."""
-        refill = self._refills.pop(holder.id)
-        alloc, cred = refill.alloc, session.cred
-        blocks = _ecc_blocks(damaged, alloc.size or 0)
-        self._remove_holder(holder)
-        now = time.time_ns()
-        with self.journal.change(durable=alloc.durable or refill.durable):
-            self.journal.keep(alloc, "state", "modified_ns", "changed_ns", "unsealed")
-            alloc.state = "ready"
-            alloc.modified_ns = alloc.changed_ns = now
-            alloc.unsealed = refill.unsealed
-            self.registry.update_node(alloc.id, state="ready", modified_ns=now,
-                                      changed_ns=now, unsealed=1 if refill.unsealed else 0)
-            self.journal.event("restore", alloc, cred, action="done",
-                               damaged_blocks=len(blocks))
-        if blocks:
-            self.integrity.set_damage(alloc, blocks, cred,
-                                      reason="restored from a snapshot block that failed "
-                                             "its checksum")
-        if refill.durable and not alloc.durable:
-            self.set_durable_node(alloc, cred, True)
-        elif alloc.kept:
-            with self.journal.change(durable=True):
-                self.custody.deposit(alloc)
-        self.ns.data_changed(alloc)
-        return describe(alloc, holders=True)
-
-    def abort_refill(self, session: Session, holder: Holder) -> None:
-        """The handle closed without `restored`, or its session ended: not restored."""
-        refill = self._refills.pop(holder.id)
-        self._remove_holder(holder)
-        self._abort(refill, session.cred)
-
-    def _abort(self, refill: Refill, cred: Credentials) -> None:
-        alloc = refill.alloc
-        if refill.created:
-            if not alloc.unlinked:
-                with self.journal.change(durable=False):
-                    self.ns.forget(alloc)
-                    self.journal.event("restore", alloc, cred, action="abandoned")
-                alloc.unlinked = True
-            if not alloc.holders:
-                self.custody.free(alloc)
-            return
-        self.custody.free(alloc)
-        with self.journal.change(durable=alloc.durable):
-            self.journal.keep(alloc, "state")
-            alloc.state = "lost"
-            self.registry.update_node(alloc.id, state="lost")
-            self.journal.event("lost", alloc, cred, reason="a restore from a snapshot did "
-                               "not complete")
-        self.journal.node_changed(alloc)
-
 
 REPORT_ACTIONS = ("create", "restore", "verify")
 REPORT_RESULTS = ("ok", "damaged", "failed", "partial")
@@ -234,10 +173,15 @@ class SnapshotRecords:
     newest report of each action is what `status` and `gpumemctl metrics` show, since a
     report is the client's word and only the administrator's speaks for the host."""
 
-    registry: Registry
-    journal: Journal
-    ns: Namespace
-    last_snapshots: dict[str, dict]
+    def __init__(self, registry: Registry, journal: Journal, namespace: Namespace):
+        self.registry = registry
+        self.journal = journal
+        self.ns = namespace
+        self.last_snapshots: dict[str, dict] = {}  # the administrator's newest reports
+
+    def load(self) -> None:
+        """At start-up: the administrator's newest reports of earlier runs."""
+        self.last_snapshots = self.registry.last_snapshot_reports(administrative_uid)
 
     def record_snapshot(self, cred: Credentials, report: dict, paths: list[str],
                         administrator: bool) -> dict:
@@ -272,17 +216,3 @@ class SnapshotRecords:
             self.registry.update_node(alloc.id, snapshot=location, snapshot_ns=now)
             stamped += 1
         return stamped
-
-
-def _ecc_blocks(ranges: list, size: int) -> set[int]:
-    """Byte ranges [[start, end], ...] as the daemon's 128 KiB damage blocks."""
-    out: set[int] = set()
-    if not isinstance(ranges, list):
-        raise UsageError("restored.damaged must be a list of [start, end] byte ranges")
-    for r in ranges[:1_000_000]:
-        if not (isinstance(r, list) and len(r) == 2 and all(isinstance(v, int) for v in r)
-                and 0 <= r[0] < r[1] <= max(size, 1)):
-            raise UsageError(f"invalid damaged range {r!r}: expected [start, end] within "
-                             f"0..{size}")
-        out.update(range(r[0] // ECC_BLOCK, -(-r[1] // ECC_BLOCK)))
-    return out

@@ -1,0 +1,128 @@
+"""The composition of the daemon's core and its verbs: each layer built once, each verb group
+given exactly the layers it needs. daemon/main.py builds the daemon with it, and
+tests/unit/world.py the unit tier's, the same way."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .. import usermeta
+from ..backends import Backend
+from ..creation import Creation
+from ..custody import Custody
+from ..holders import Holders
+from ..integrity import Integrity
+from ..journal import Journal
+from ..lifecycle import Lifecycle
+from ..namespace import Namespace
+from ..permissions import administrative_uid
+from ..quotas import Quotas
+from ..refills import Refills
+from ..registry import Registry
+from ..sizing import Sizing
+from . import Verbs
+from .checks import Checks
+from .data import DataVerbs
+from .durability import DurabilityVerbs
+from .handles import HandleVerbs
+from .metadata import MetadataVerbs
+from .names import NameVerbs
+from .queries import Queries
+from .refill import RefillVerbs, SnapshotRecords
+from .reports import Reports
+from .service import ServiceVerbs
+
+
+@dataclasses.dataclass(frozen=True)
+class Core:
+    """The layers under the verbs (docs/architecture.md), for the composition root only."""
+    registry: Registry
+    backend: Backend
+    keeper: Any                 # ProcessKeeper or SystemdFdStore (daemon/keeper_link.py)
+    journal: Journal
+    ns: Namespace
+    integrity: Integrity
+    custody: Custody
+    holders: Holders
+    quotas: Quotas
+    meta_bounds: usermeta.Bounds
+    lifecycle: Lifecycle
+    sizing: Sizing
+    creation: Creation
+    refills: Refills
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The configuration the core and the verbs take (gpumemd's options and config keys)."""
+    fault_injection: bool = False     # --enable-fault-injection (`debug corrupt`)
+    default_ecc: str = "rs"           # config `ecc`: the ECC of creates that name none
+    quotas: dict[int, int] | None = None   # config [quotas]: uid -> capacity in bytes
+    default_quota: int | None = None  # every other uid's but root's and the daemon's
+    max_names_per_uid: int | None = None    # None: no limit
+    max_handles_per_uid: int | None = None
+    fds_to_readers: bool = False      # config cuda_fds_to_readers
+    mountpoint: str | None = None     # absolute link targets under it are followed
+    metadata_max_bytes: int = usermeta.DEFAULT_MAX_BYTES        # daemon/usermeta.py
+    metadata_user_max_bytes: int = usermeta.DEFAULT_USER_MAX_BYTES
+
+
+def build(registry: Registry, backend: Backend, keeper: Any,
+          config: Config | None = None) -> tuple[Core, Verbs]:
+    """The core over `registry`, `backend` and `keeper`, and the verbs over it."""
+    core = build_core(registry, backend, keeper, config or Config())
+    return core, build_verbs(core, config or Config())
+
+
+def build_core(registry: Registry, backend: Backend, keeper: Any, config: Config) -> Core:
+    journal = Journal(registry)
+    ns = Namespace(registry, journal)
+    ns.max_names_per_uid = config.max_names_per_uid
+    ns.resolver.mountpoint = config.mountpoint
+    integrity = Integrity(registry, journal, backend)
+    custody = Custody(registry, journal, backend, keeper, ns, integrity.parity)
+    holders = Holders(registry, journal)
+    holders.max_per_uid = config.max_handles_per_uid
+    quotas = Quotas(ns.allocations, config.quotas, kept=holders.unlinked_held,
+                    default=config.default_quota, exempt=administrative_uid)
+    bounds = usermeta.Bounds(config.metadata_max_bytes, config.metadata_user_max_bytes,
+                             used=ns.metadata_used, exempt=administrative_uid)
+    lifecycle = Lifecycle(registry, journal, ns, custody, integrity, holders)
+    return Core(
+        registry, backend, keeper, journal, ns, integrity, custody, holders, quotas, bounds,
+        lifecycle,
+        Sizing(registry, journal, ns, backend, custody, integrity, holders, quotas),
+        Creation(journal, ns, backend, custody, integrity, holders, quotas, bounds,
+                 config.default_ecc),
+        Refills(registry, journal, ns, custody, integrity, lifecycle))
+
+
+def build_verbs(c: Core, config: Config) -> Verbs:
+    return Verbs(
+        names=NameVerbs(c.journal, c.ns, c.custody, c.holders, c.quotas, c.creation,
+                        c.lifecycle),
+        data=DataVerbs(c.journal, c.ns, c.backend, c.custody, c.integrity, c.quotas,
+                       c.sizing),
+        durability=DurabilityVerbs(c.ns, c.custody, c.lifecycle),
+        handles=HandleVerbs(c.registry, c.journal, c.ns, c.backend, c.custody, c.integrity,
+                            c.holders, c.sizing, c.lifecycle, c.refills,
+                            fds_to_readers=config.fds_to_readers),
+        refill=RefillVerbs(c.registry, c.journal, c.ns, c.backend, c.custody, c.integrity,
+                           c.holders, c.creation, c.refills, c.meta_bounds),
+        records=SnapshotRecords(c.registry, c.journal, c.ns),
+        metadata=MetadataVerbs(c.journal, c.ns, c.meta_bounds),
+        queries=Queries(c.ns),
+        reports=Reports(c.registry, c.journal, c.ns, c.backend, c.keeper, c.holders,
+                        c.quotas),
+        checks=Checks(c.registry, c.keeper, c.ns, c.custody, c.integrity,
+                      fault_injection=config.fault_injection),
+        service=ServiceVerbs(c.registry, c.journal, c.ns, c.custody, c.integrity, c.keeper))
+
+
+def start(verbs: Verbs, orphans: str = "refuse") -> dict:
+    """Start-up, once built: the registry loaded, the keeper's memory re-adopted
+    (ServiceVerbs.start), the administrator's snapshot reports of earlier runs read back.
+    Returns the summary the `start` event logs."""
+    summary = verbs.service.start(orphans)
+    verbs.records.load()
+    return summary

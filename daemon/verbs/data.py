@@ -1,0 +1,155 @@
+"""The verbs of an allocation's bytes and size: resize (truncate, `user.gpu.size`), the
+mount's writes and reads, the socket's read by copy, and fsync. The order of a resize's steps
+is daemon/sizing.py's."""
+from __future__ import annotations
+
+import time
+
+from gpumemctl.protocol import NoMemory, UsageError
+
+from ..backends import Backend
+from ..custody import Custody
+from ..integrity import Integrity
+from ..journal import Journal
+from ..namespace import DAEMON, NOW, Namespace
+from ..nodes import Allocation
+from ..permissions import Credentials, R, W, require
+from ..quotas import Quotas
+from ..sessions import Session
+from ..sizing import Sizing
+from .plan import ParityWork, Plan
+
+# A write past the capacity grows it by this factor (capped at GROWTH_CAP bytes a step), so
+# a file written sequentially is copied O(log n) times, not once per granule; the spare is
+# trimmed when its last mount writer closes (HandleVerbs.release_mount).
+GROWTH_FACTOR = 2
+GROWTH_CAP = 1 << 30
+
+
+class DataVerbs:
+    def __init__(self, journal: Journal, namespace: Namespace, backend: Backend,
+                 custody: Custody, integrity: Integrity, quotas: Quotas, sizing: Sizing):
+        self.journal = journal
+        self.ns = namespace
+        self.backend = backend
+        self.custody = custody
+        self.integrity = integrity
+        self.quotas = quotas
+        self.sizing = sizing
+
+    # ---- size -----------------------------------------------------------------------------
+    def resize(self, alloc: Allocation, cred: Credentials, size: int, *,
+               session: Session | None = None, authorised: bool = False) -> Allocation:
+        """Set the size (truncate, or `user.gpu.size`; Sizing.resize has the rules). Needs
+        write permission (unless `authorised`: the kernel checked it), and no read, write
+        or attach holder outside `session` (Busy): those hold fds to the memory."""
+        if not authorised:
+            require(alloc, cred, W)
+        before = alloc.size, alloc.capacity
+        self.sizing.resize(alloc, cred, size, session)
+        if (alloc.size, alloc.capacity) != before:
+            self.ns.data_changed(alloc)      # a cache of its pages must follow the new size
+        return alloc
+
+    def truncate_on_open(self, alloc: Allocation, cred: Credentials,
+                         session: Session) -> None:
+        """open(2) with O_TRUNC: truncate(2) to 0 (the kernel checked write permission).
+        POSIX moves mtime and ctime even when it was empty."""
+        before = alloc.modified_ns
+        self.resize(alloc, cred, 0, session=session, authorised=True)
+        if alloc.modified_ns == before:            # it was empty: nothing changed
+            self.ns.setattr(alloc.id, cred, charge=self.quotas.check, mtime_ns=NOW,
+                            authorised=True)
+
+    # ---- bytes ----------------------------------------------------------------------------
+    def write_at(self, alloc: Allocation, offset: int, data, cred: Credentials | None = None,
+                 *, session: Session | None = None) -> int:
+        """Write `data` at `offset`. `cred` None: the caller (a handle opened for writing)
+        has been authorised. A write past the size grows the allocation (past the capacity
+        with room to spare, GROWTH_FACTOR; NoMemory/ENOSPC when the device is full). Size
+        and times change in memory only: flush_times() commits them at release/fsync, as a
+        filesystem does; a reallocation is committed at once."""
+        if cred is not None:
+            require(alloc, cred, W)
+        if not isinstance(offset, int) or offset < 0:
+            raise UsageError(f"invalid offset {offset!r}")
+        if not len(data):
+            return 0            # as write(2): a write of nothing never extends the file
+        end = offset + len(data)
+        if end > alloc.size:
+            self._grow_for_write(alloc, offset, end, session)
+        self.custody.require_memory(alloc)
+        self.integrity.writes_begin(alloc)
+        self.backend.write(alloc.buffer, offset, data)
+        alloc.modified_ns = alloc.changed_ns = time.time_ns()
+        self.integrity.note_written(alloc, offset, end)
+        self.sizing.note_unflushed(alloc)
+        return len(data)
+
+    def _grow_for_write(self, alloc: Allocation, offset: int, end: int,
+                        session: Session | None) -> None:
+        capacity = alloc.capacity or 0
+        if alloc.state == "ready" and end <= capacity:
+            if offset > alloc.size:
+                self.backend.zero(alloc.buffer, alloc.size, offset)
+                self.integrity.changed(alloc, alloc.size, offset)
+            alloc.size = end
+            self.ns.attrs_changed(alloc)
+            self.journal.node_changed(alloc)
+            return
+        spare = None
+        if alloc.state == "ready":
+            spare = capacity + min(capacity * (GROWTH_FACTOR - 1), GROWTH_CAP)
+        try:
+            self.sizing.resize(alloc, DAEMON, end, session, capacity=spare)
+        except NoMemory:
+            if spare is None:
+                raise
+            self.sizing.resize(alloc, DAEMON, end, session)   # no room to spare: exact fit
+
+    def read_at(self, alloc: Allocation, offset: int, length: int) -> bytes:
+        """Up to `length` bytes at `offset`, clipped to the size (b"" at or past the end).
+        Permission is the caller's (checked at open)."""
+        return bytes(self.view_at(alloc, offset, length))
+
+    def view_at(self, alloc: Allocation, offset: int, length: int) -> memoryview:
+        """As read_at, as a view valid until the next verb (Backend.view): the mount's read
+        path, which hands it straight to the kernel."""
+        if not isinstance(offset, int) or offset < 0 or not isinstance(length, int) or \
+                length < 0:
+            raise UsageError(f"invalid read range: offset {offset!r}, length {length!r}")
+        end = min(offset + length, alloc.size or 0)
+        if end <= offset:
+            return memoryview(b"")
+        self.custody.require_memory(alloc)
+        if alloc.damaged:
+            self.integrity.require_undamaged(alloc, offset, end)
+        return self.backend.view(alloc.buffer, offset, end - offset)
+
+    def copy_out(self, path: str, cred: Credentials, offset: int, length: int) -> bytes:
+        """The `read` request: up to `length` bytes at `offset` by copy (clipped to the size),
+        for a caller with read permission; no fd, no holder (as the mount reads)."""
+        alloc = self.ns.lookup_allocation(path, cred)
+        require(alloc, cred, R)
+        self.custody.require_memory(alloc)
+        if offset < 0 or length < 0:
+            raise UsageError(f"invalid read range: offset {offset}, length {length}: "
+                             "expected offsets and lengths of 0 or more")
+        length = max(0, min(offset + length, alloc.size or 0) - offset)
+        if alloc.damaged and length:
+            self.integrity.require_undamaged(alloc, offset, length)
+        return self.read_at(alloc, offset, length)
+
+    # ---- committing what writes changed -------------------------------------------------------
+    def flush_times(self, alloc: Allocation) -> None:
+        """Commit the size and modified time that write_at() changed in memory."""
+        self.sizing.flush_times(alloc)
+
+    def sync(self, alloc: Allocation) -> Plan[None]:
+        """fsync(2): size and times committed, then the parity of the range written through
+        the daemon since the last sync brought up to date, encoded off the loop."""
+        self.sizing.flush_times(alloc)
+        job = self.integrity.job_written(alloc)
+        yield ParityWork(job)
+        self.sizing.flush_times(alloc)
+        self.integrity.finish(job)

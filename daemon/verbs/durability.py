@@ -1,0 +1,59 @@
+"""The verb of durability: `gpumemctl durable` (and `--transient`), and the mount's
+`user.gpu.durable`. The order of its steps is daemon/lifecycle.py's: durable, deposit then
+commit; transient, commit then withdraw."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..custody import Custody, Deposit
+from ..describe import describe
+from ..lifecycle import Lifecycle
+from ..namespace import Namespace
+from ..nodes import Allocation
+from ..permissions import Credentials
+from .plan import DEPOSITS, Exclusive, KeeperWork, Plan
+
+if TYPE_CHECKING:
+    from gpumemctl.protocol.replies import Node as NodeInfo
+
+
+class DurabilityVerbs:
+    def __init__(self, namespace: Namespace, custody: Custody, lifecycle: Lifecycle):
+        self.ns = namespace
+        self.custody = custody
+        self.lifecycle = lifecycle
+
+    def set_durable(self, path: str, cred: Credentials, durable: bool) -> Plan[NodeInfo]:
+        """By path (the socket). Made durable, the deposit goes to the keeper off the loop,
+        under the deposit lock, as a durable create's does; the commit then checks again
+        (and deposits again if the memory changed meanwhile)."""
+        if not durable:
+            return self.set_durable_node(self.ns.lookup_allocation(path, cred), cred, False)
+        yield Exclusive(DEPOSITS)
+        deposit = self._handover(path, cred)
+        if deposit is not None:
+            yield KeeperWork(self.custody.send_begin(deposit))
+        try:
+            alloc = self.ns.lookup_allocation(path, cred)
+            self.lifecycle.set_durable(alloc, cred, True, deposited=deposit)
+        except BaseException:
+            if deposit is not None:
+                self.custody.withdraw_quietly(deposit.key)
+            raise
+        return describe(alloc, holders=True, cred=cred)
+
+    def _handover(self, path: str, cred: Credentials) -> Deposit | None:
+        """The first step: the checks, then the fds to send; None when there is nothing to
+        deposit."""
+        alloc = self.ns.lookup_allocation(path, cred)
+        self.lifecycle.require_durability_change(alloc, cred)
+        if alloc.durable or alloc.buffer is None:
+            return None
+        return self.custody.handover(alloc)
+
+    def set_durable_node(self, alloc: Allocation, cred: Credentials,
+                         durable: bool) -> NodeInfo:
+        """By node: the mount's user.gpu.durable, answered in one step on the loop, the
+        deposit made inside the commit's transaction (as it always was there)."""
+        self.lifecycle.set_durable(alloc, cred, durable)
+        return describe(alloc, holders=True, cred=cred)

@@ -1,0 +1,338 @@
+"""The verbs of open handles, attachments, files open on the mount and client sessions. The
+records and the lock are daemon/holders.py's; here is the order of steps around them: what a
+close must encode, seal or free, and when.
+
+The parity work of a close, a detach, a seal and a session's end is a plan's slow step
+(daemon/verbs/plan.py): the first step names the work, a worker thread runs it, and the last
+step finishes it, or runs it if no worker did. Between them the holder stays: the memory
+stays, no other writer comes.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+from gpumemctl.protocol import PermissionDenied, UsageError
+
+from ..backends import Backend
+from ..custody import Custody
+from ..describe import describe
+from ..holders import ATTACH_KINDS, HANDLE_KINDS, MOUNT_KINDS, Holders
+from ..integrity import Integrity, ParityJob
+from ..journal import Journal
+from ..lifecycle import Lifecycle
+from ..namespace import SEALED, Namespace
+from ..nodes import WRITER_KINDS, Allocation, Holder
+from ..permissions import Credentials, R, W, allowed, require
+from ..refills import Refills
+from ..registry import Registry
+from ..sessions import Session
+from ..sizing import Sizing
+from .plan import ParityWork, Plan
+
+if TYPE_CHECKING:
+    from gpumemctl.protocol.replies import Node as NodeInfo
+
+
+class HandleVerbs:
+    def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
+                 backend: Backend, custody: Custody, integrity: Integrity, holders: Holders,
+                 sizing: Sizing, lifecycle: Lifecycle, refills: Refills, *,
+                 fds_to_readers: bool = False):
+        """`fds_to_readers`: config cuda_fds_to_readers (_require_fd_for_reader)."""
+        self.registry = registry
+        self.journal = journal
+        self.ns = namespace
+        self.backend = backend
+        self.custody = custody
+        self.integrity = integrity
+        self.holders = holders
+        self.sizing = sizing
+        self.lifecycle = lifecycle
+        self.refills = refills
+        self.fds_to_readers = fds_to_readers
+
+    # ---- sessions ---------------------------------------------------------------------------
+    def open_session(self, cred: Credentials, client: str = "") -> Session:
+        return self.holders.open_session(cred, client)
+
+    def end_session(self, session: Session) -> Plan[None]:
+        """The connection ended (closed, or its process died): release what it held. The
+        parity its writers need is encoded off the loop first; a job not run (the daemon
+        stopping) runs in the last step. An attached writer that did not detach leaves its
+        allocation unsealed."""
+        jobs = {h.id: self._parity_job(h) for h in list(session.holders.values())
+                if h.kind == "write"}
+        try:
+            for job in jobs.values():
+                yield ParityWork(job)
+        finally:
+            self._release_session(session, jobs)
+
+    def _release_session(self, session: Session, jobs: dict[int, ParityJob | None]) -> None:
+        for holder in self.holders.end_session(session):
+            alloc = holder.alloc
+            if self.refills.of(holder.id) is not None:     # a restore that did not finish
+                self.refills.abort(session, holder)
+                continue
+            if holder.kind == "write" and not alloc.unlinked:
+                self.integrity.finish(jobs[holder.id] if holder.id in jobs
+                                      else self.integrity.job_all(alloc))
+                self.integrity.changed_all(alloc)    # it never said what it wrote
+            if holder.kind in WRITER_KINDS and not alloc.unlinked:
+                self.ns.data_changed(alloc)   # whatever it wrote before it went
+            if holder.kind == "attach-w" and alloc.unsealed and not alloc.unlinked:
+                with self.journal.change(durable=False):
+                    self.journal.event("unsealed", alloc, session.cred, reason="the attached "
+                                       "writer's session ended without detach")
+            self.lifecycle.remove_holder(holder)
+
+    # ---- handles and attachments (the socket) -------------------------------------------------
+    def open(self, path: str, cred: Credentials, session: Session, mode: str):
+        """Open for I/O by fd passing. Returns (holder, fd, info). One writer or many
+        readers: a conflicting request is busy."""
+        alloc, holder, fd = self._lock_and_export(path, cred, session, mode, HANDLE_KINDS,
+                                                  "open")
+        return holder, fd, describe(alloc, cred=cred)
+
+    def attach(self, path: str, cred: Credentials, session: Session, mode: str):
+        """Like open, for a client that maps the memory and keeps it mapped. Read-write
+        makes the allocation `unsealed` until the writer detaches or seals: its parity
+        cannot follow writes it does not see."""
+        alloc, holder, fd = self._lock_and_export(path, cred, session, mode, ATTACH_KINDS,
+                                                  "attach")
+        if mode == "rw":
+            self.integrity.unseal(alloc)
+        # With its metadata: a tensor index read here is the one of the memory attached
+        # (gpumemctl.tensors), whatever changes after. Attaching needs read permission.
+        return holder, fd, describe(alloc, holders=True, metadata=True, cred=cred)
+
+    def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,
+                         kinds: dict, what: str):
+        """Permission, memory present, the lock; then a new fd and a holder of kinds[mode]."""
+        if mode not in ("r", "rw"):
+            raise UsageError(f"invalid {what} mode {mode!r}: expected 'r' or 'rw'")
+        alloc = self.ns.lookup_allocation(path, cred)
+        writable = mode == "rw"
+        require(alloc, cred, R | W if writable else R)
+        if not writable:
+            self._require_fd_for_reader(alloc, cred)
+        self.custody.require_memory(alloc)
+        if alloc.damaged:     # a mapping cannot fail a range: refuse the whole allocation
+            self.integrity.require_undamaged(alloc, 0, alloc.size or 0)
+        self.holders.require_lockable(alloc, writable)
+        if writable and kinds[mode] == "write":
+            self.integrity.writes_begin(alloc)   # the client writes through its fd from now
+        if writable and kinds[mode] == "attach-w":
+            self.integrity.changed_all(alloc)    # it may write anywhere, unseen
+        fd = self.backend.export(alloc.buffer, writable)
+        try:
+            holder = self.holders.add(alloc, session, kinds[mode])
+        except BaseException:
+            os.close(fd)
+            raise
+        return alloc, holder, fd
+
+    def _require_fd_for_reader(self, alloc: Allocation, cred: Credentials) -> None:
+        """Where an fd lets its holder write (Backend.fd_grants_write: cuda), a caller gets
+        one only with write permission, unless the administrator trusts readers with it
+        (config cuda_fds_to_readers). A reader gets the bytes by copy instead: the `read`
+        request (what `gpumemctl read` falls back to) or the mount (docs/security.md)."""
+        if not self.backend.fd_grants_write or self.fds_to_readers or allowed(alloc, cred, W):
+            return
+        raise PermissionDenied(
+            f"permission denied: on the {self.backend.name} backend a descriptor of "
+            f"'{alloc.path}' would let uid {cred.uid} write it, and uid {cred.uid} may only "
+            "read it: read it by copy (gpumemctl read, the mount), or open it with write "
+            "permission (docs/security.md)", details={"errno": "EACCES", "by_copy": True})
+
+    def close(self, session: Session, holder_id: int, *, written: dict | None = None,
+              restored: dict | None = None) -> Plan[dict]:
+        """Op `close`. A handle that wrote has its parity encoded off the loop while it is
+        still held. A refill's handle (daemon/refills.py) finishes the restore with
+        `restored`, and gives it up without. A handle revoked meanwhile answers quietly."""
+        if holder_id in session.revoked:
+            return {"revoked": True}
+        holder = self._handle(session, holder_id)
+        if self.refills.of(holder.id) is not None and restored is None:
+            self.refills.abort(session, holder)          # the restore gave up: lost again
+            return {}
+        job = self._parity_job(holder)
+        yield ParityWork(job)
+        if self.refills.of(holder.id) is not None:
+            self.integrity.finish(job)
+            damaged = (restored or {}).get("damaged", [])
+            return {"info": self.refills.finish(session, holder, damaged)}
+        self._close_handle(session, holder_id, written, job)
+        return {}
+
+    def _close_handle(self, session: Session, holder_id: int, written: dict | None,
+                      job: ParityJob | None) -> None:
+        holder = self._handle(session, holder_id)
+        alloc = holder.alloc
+        if holder.kind == "write" and not alloc.unlinked:
+            self.integrity.finish(job)
+            self.integrity.note_close_written(alloc, written)
+            self.ns.data_changed(alloc)       # written through its fd: the mount's cache goes
+            if written:
+                with self.journal.change(durable=False):
+                    self.journal.keep(alloc, "modified_ns", "changed_ns")
+                    _stamp_written(alloc)
+                    self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
+                                              changed_ns=alloc.changed_ns)
+                    self.journal.event("write", alloc, session.cred, **written)
+        self.lifecycle.remove_holder(holder)
+
+    def _handle(self, session: Session, holder_id: int) -> Holder:
+        return self.holders.find(session, holder_id, HANDLE_KINDS.values(), "open handle")
+
+    def _parity_job(self, holder: Holder) -> ParityJob | None:
+        """The parity work that releasing `holder` brings (close, release_mount,
+        end_session); a writer's data changed by now (_let_go)."""
+        if holder.alloc.unlinked:
+            return None
+        if holder.kind == "write":
+            _let_go(holder.alloc)
+            return self.integrity.job_all(holder.alloc)
+        if holder.kind == "mount-w":
+            self.sizing.flush_times(holder.alloc)
+            return self.integrity.job_written(holder.alloc)
+        return None
+
+    def detach(self, session: Session, holder_id: int) -> Plan[dict]:
+        """The client unmapped: release its holder; a writer's detach seals (its parity
+        encoded off the loop). A revoked attachment answers quietly."""
+        if holder_id in session.revoked:
+            return {"info": None, "revoked": True}
+        holder = self._attachment(session, holder_id)
+        job = None
+        if holder.kind == "attach-w":
+            _let_go(holder.alloc)
+            job = self.integrity.job_seal(holder.alloc)
+        yield ParityWork(job)
+        holder = self._attachment(session, holder_id)
+        alloc = holder.alloc
+        if holder.kind == "attach-w" and not alloc.unlinked:
+            self._seal(alloc, session.cred, "detach", job)
+            self.ns.data_changed(alloc)
+        self.lifecycle.remove_holder(holder)
+        return {"info": describe(alloc, cred=session.cred)}
+
+    def _attachment(self, session: Session, holder_id: int) -> Holder:
+        return self.holders.find(session, holder_id, ATTACH_KINDS.values(), "attachment")
+
+    def seal(self, path: str, cred: Credentials, session: Session) -> Plan[NodeInfo]:
+        """Declare the data written by an attached writer complete. The writer itself may
+        seal while attached; anyone with write permission may seal an allocation whose
+        writer is gone (it crashed: the allocation stays unsealed until then)."""
+        alloc = self._sealable(path, cred, session)
+        _let_go(alloc)
+        job = self.integrity.job_seal(alloc)
+        yield ParityWork(job)
+        alloc = self._sealable(path, cred, session)
+        self._seal(alloc, cred, "seal", job)
+        self.ns.data_changed(alloc)           # what the writer wrote is what readers get now
+        return describe(alloc, holders=True, cred=cred)
+
+    def _sealable(self, path: str, cred: Credentials, session: Session) -> Allocation:
+        alloc = self.ns.lookup_allocation(path, cred)
+        require(alloc, cred, R | W)
+        self.holders.require_no_other_writer(alloc, session)
+        return alloc
+
+    def _seal(self, alloc: Allocation, cred: Credentials, reason: str,
+              job: ParityJob | None) -> None:
+        """`job`: the first step's, run meanwhile (for another allocation, if the name was
+        given to one meanwhile: then it is encoded here)."""
+        if alloc.unsealed:
+            self.integrity.encode_sealed(alloc, job if job and job.alloc is alloc else None)
+            with self.journal.change(durable=alloc.durable):
+                self.journal.keep(alloc, "unsealed", "modified_ns", "changed_ns")
+                alloc.unsealed = False
+                _stamp_written(alloc)
+                self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
+                                          changed_ns=alloc.changed_ns, unsealed=SEALED)
+                self.journal.event("seal", alloc, cred, reason=reason)
+
+    def revoke_readers(self, alloc: Allocation, cred: Credentials, session: Session
+                       ) -> list[dict]:
+        """`gpumemctl revoke`: drop the read handles and read-only attachments of every other
+        session, so that a reader that never lets go no longer blocks the owner's writes
+        (the caller checked it is the owner or the administrator). The readers' mappings
+        stay valid (no backend can take a mapping back) and see what is written from now;
+        their close or detach then answers quietly. Writers are not revoked: writes the
+        daemon no longer tracks would leave the parity wrong (docs/security.md)."""
+        revoked = []
+        for holder in alloc.holders_of("read", "attach-r"):
+            if holder.session is session:
+                continue
+            revoked.append(holder.to_dict())
+            holder.session.revoked.add(holder.id)
+            self.lifecycle.remove_holder(holder)
+        if revoked:
+            with self.journal.change(durable=False):
+                self.journal.event("revoke", alloc, cred, holders=len(revoked))
+        return revoked
+
+    def export_dmabuf(self, path: str, cred: Credentials) -> tuple[int, NodeInfo]:
+        """A dma-buf fd of the whole capacity, for RDMA registration. A NIC may read and
+        write it, so it needs read and write permission. It is not a holder: it bypasses
+        the one-writer lock, like any RDMA registration (docs/cuda.md)."""
+        alloc = self.ns.lookup_allocation(path, cred)
+        require(alloc, cred, R | W)
+        self.custody.require_memory(alloc)
+        fd = self.backend.export_dmabuf(alloc.buffer)
+        alloc.untracked = True      # a NIC may write it at any time: no change is seen
+        return fd, describe(alloc, cred=cred)
+
+    def changes(self, session: Session, holder_id: int, reset: bool) -> dict:
+        """Op `changes`: what changed since the allocation's last reset, asked under a read
+        handle of this session, so that no writer can come between the answer and the
+        snapshot's read (Integrity.take_changes)."""
+        holder = self.holders.find(session, holder_id, ("read",), "read handle")
+        return self.integrity.take_changes(holder.alloc, reset)
+
+    # ---- files open on the mount ----------------------------------------------------------------
+    def open_mount(self, alloc: Allocation, cred: Credentials, session: Session,
+                   writable: bool) -> Holder:
+        """open(2) on the mount. The kernel has checked the permission (default_permissions);
+        a lost allocation cannot be opened (EIO), a pending one can (it gets memory when
+        written or truncated)."""
+        if alloc.state == "lost":
+            self.custody.require_memory(alloc)
+        return self.holders.add(alloc, session, MOUNT_KINDS[writable], cred)
+
+    def release_mount(self, holder: Holder) -> Plan[None]:
+        """close(2) of the last descriptor of a mount handle. A handle that wrote syncs, its
+        parity encoded off the loop; the last writer gives back capacity left spare by write
+        growth (one device copy). The holder goes whatever happens."""
+        alloc = holder.alloc
+        try:
+            job = self._parity_job(holder)
+            yield ParityWork(job)
+            if holder.kind == "mount-w" and not alloc.unlinked:
+                self.sizing.flush_times(alloc)
+                self.integrity.finish(job)
+                if len(alloc.holders_of("mount-w")) == 1:
+                    self.sizing.trim(alloc)
+        finally:
+            self.lifecycle.remove_holder(holder)
+
+
+# ---- the time a writer's data changed, for a commit made after work off the loop ----------
+def _let_go(alloc: Allocation) -> None:
+    """The first step of a writer's close, detach or seal: its data changed by now."""
+    alloc.let_go = (time.time_ns(), alloc.modified_ns)
+
+
+def _stamp_written(alloc: Allocation) -> None:
+    """The last step: the modification time is the first step's, not this later moment's,
+    and a time set between the steps (utimensat) stays (issue 24: a commit after the work
+    stamped over it). Without a first step (a name given to another allocation meanwhile),
+    now."""
+    step_one, alloc.let_go = alloc.let_go, None
+    let_go, modified_then = step_one or (time.time_ns(), alloc.modified_ns)
+    if alloc.modified_ns == modified_then:
+        alloc.modified_ns = let_go
+    alloc.changed_ns = max(alloc.changed_ns, let_go)

@@ -1,0 +1,91 @@
+"""What the daemon reports of itself: totals, devices, quotas and the keeper (`status`,
+`devices`), the event log and its observers (`events`, `subscribe`, the mount's watchers),
+and the small state the scrubber keeps in the registry. Nothing here changes the tree."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..backends import Backend
+from ..holders import Holders
+from ..journal import Journal
+from ..namespace import Namespace
+from ..nodes import Node
+from ..quotas import Quotas
+from ..registry import Registry
+
+
+class Reports:
+    def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
+                 backend: Backend, keeper: Any, holders: Holders, quotas: Quotas):
+        """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper_link.py)."""
+        self.registry = registry
+        self.journal = journal
+        self.ns = namespace
+        self.backend = backend
+        self.keeper = keeper
+        self.holders = holders
+        self.quotas = quotas
+
+    # ---- status -------------------------------------------------------------------------------
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    def devices(self) -> list:
+        """The backend's devices (daemon/backends DeviceInfo), as it sees them now."""
+        return self.backend.devices()
+
+    def bytes_held_per_device(self) -> dict[str, int]:
+        return self.ns.bytes_held_per_device()
+
+    def totals(self) -> dict:
+        return self.ns.totals(sessions=len(self.holders.sessions))
+
+    def quota_report(self, uid: int | None = None) -> list[dict]:
+        """Each per-uid limit with its use (only `uid`'s, when given)."""
+        return self.quotas.report(uid)
+
+    def keeper_info(self) -> dict:
+        return self.keeper.info()
+
+    # ---- the event log and its observers ------------------------------------------------------
+    def events(self, *, since: int, limit: int, path: str | None = None,
+               uid: int | None = None, max_bytes: int | None = None,
+               administrator: bool = False) -> tuple[list[dict], bool]:
+        """Logged events after `since`, oldest first, at most `limit` and `max_bytes`, and
+        whether the page is complete (Journal.events; `uid`, `administrator`: whose view,
+        events.visible_to)."""
+        return self.journal.events(since=since, limit=limit, path=path, uid=uid,
+                                   max_bytes=max_bytes, administrator=administrator)
+
+    def last_event_id(self) -> int:
+        return self.journal.last_event_id()
+
+    def observing(self, on_event: Callable[[dict], None],
+                  on_change: Callable[[Node], None] | None = None):
+        """Committed events and nodes to redraw, while inside (Journal.observing)."""
+        return self.journal.observing(on_event, on_change)
+
+    def note(self, kind: str, /, **detail) -> None:
+        """Log an event that concerns no node (the scrubber's start and end)."""
+        self.journal.note(kind, **detail)
+
+    def add_watcher(self, watcher) -> None:
+        """The mount's Operations: told of changes the kernel must hear of."""
+        self.ns.add_watcher(watcher)
+
+    def remove_watcher(self, watcher) -> None:
+        self.ns.remove_watcher(watcher)
+
+    async def settle_watchers(self) -> None:
+        await self.ns.settle_watchers()
+
+    # ---- the scrubber's state ------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        """A value save_meta stored (the scrubber's state), or None."""
+        return self.registry.meta(key)
+
+    def save_meta(self, key: str, value: str) -> None:
+        with self.journal.change(durable=False):
+            self.registry.set_meta(key, value)

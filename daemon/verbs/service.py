@@ -1,0 +1,50 @@
+"""The daemon's own verbs: start (load the registry, re-adopt durable memory from the keeper,
+drop what is stale), stop, and the keeper's repairs after it died or stalled (daemon/main.py
+supervises it)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..custody import Custody
+from ..integrity import Integrity
+from ..journal import Journal
+from ..namespace import Namespace
+from ..registry import Registry
+
+
+class ServiceVerbs:
+    def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
+                 custody: Custody, integrity: Integrity, keeper: Any):
+        """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper_link.py)."""
+        self.registry = registry
+        self.journal = journal
+        self.ns = namespace
+        self.custody = custody
+        self.integrity = integrity
+        self.keeper = keeper
+
+    def start(self, orphans: str = "refuse") -> dict:
+        """Load the registry, re-adopt durable memory from the keeper, drop what is stale
+        (Custody.reconcile_at_start says how, and what `orphans` decides)."""
+        self.ns.load()
+        return self.custody.reconcile_at_start(orphans, self.integrity.settle)
+
+    def shutdown(self) -> None:
+        """Clean stop: transient memory goes, durable memory stays with the keeper."""
+        with self.journal.change(durable=False):
+            for alloc in self.ns.allocations():
+                if not alloc.durable:
+                    self.ns.forget(alloc)
+            self.registry.clear_holders()
+            self.journal.event("stop", None, None)
+        for alloc in self.ns.allocations():
+            self.custody.free(alloc)
+        self.keeper.close()
+
+    def reconcile_keeper(self) -> tuple[int, int]:
+        """After a stall: the keeper holds exactly the durable allocations again."""
+        return self.custody.reconcile_keeper()
+
+    def redeposit_all(self, action: str = "restarted") -> int:
+        """After a keeper restart: it gets every durable allocation's fds again."""
+        return self.custody.redeposit_all(action)
