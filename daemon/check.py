@@ -59,7 +59,7 @@ class Checker:
             self._problem("registry_integrity", f"SQLite integrity: {line}")
 
     def check_registry_rows_match_tree(self) -> None:
-        rows = {r["id"]: r for r in self.registry.load_nodes()}
+        rows = {r["id"]: r for r in self.registry.nodes.load()}
         reg = self.registry
         for node in self.ns.all_nodes():
             node_id = node.id
@@ -81,7 +81,7 @@ class Checker:
         for node_id, row in rows.items():
             self._problem("registry_rows", f"registry row {node_id} ('{row['name']}') "
                           "names nothing the daemon holds",
-                          lambda i=node_id: reg.delete_node(i))
+                          lambda i=node_id: reg.nodes.delete(i))
 
     def _rewrite_row(self, node, insert: bool = False) -> None:
         fields = {col: (conv(getattr(node, attr)) if conv else getattr(node, attr))
@@ -89,17 +89,17 @@ class Checker:
         fields["parent"] = node.parent.id if node.parent else None
         with self.registry.transaction(durable=True):
             if insert:
-                self.registry.insert_node(
+                self.registry.nodes.insert(
                     id=node.id, kind=kind_of(node),
                     created_ns=node.created_ns, modified_ns=node.modified_ns,
                     changed_ns=node.changed_ns, name=node.name, uid=node.uid, gid=node.gid,
                     mode=node.mode)
-            self.registry.update_node(node.id, **fields)
+            self.registry.nodes.update(node.id, **fields)
 
     def check_hard_links(self) -> None:
         """The `links` table holds exactly the names beyond the first that the tree has,
         and each is in its directory."""
-        rows = {(r["parent"], r["name"]): r["node"] for r in self.registry.load_links()}
+        rows = {(r["parent"], r["name"]): r["node"] for r in self.registry.links.load()}
         live = {(d.id, name): node.id for node in self.ns.all_nodes()
                 for d, name in node.aliases}
         for node in self.ns.all_nodes():
@@ -116,16 +116,16 @@ class Checker:
     def _rewrite_links(self, rows: dict, live: dict) -> None:
         with self.registry.transaction(durable=True):
             for parent_id, name in rows:
-                self.registry.delete_link(parent_id, name)
+                self.registry.links.delete(parent_id, name)
             for (parent_id, name), node_id in live.items():
-                self.registry.insert_link(parent_id, name, node_id)
+                self.registry.links.insert(parent_id, name, node_id)
 
     def check_user_metadata(self) -> None:
         """The registry's `metadata` rows are the user metadata the tree's nodes hold: none
         of a node the tree lacks (ON DELETE CASCADE sees to that), none missing or
         different. A repair writes the tree's into the registry."""
         rows: dict[int, dict[bytes, bytes]] = {}
-        for node_id, key, value in self.registry.load_metadata():
+        for node_id, key, value in self.registry.metadata.load():
             rows.setdefault(node_id, {})[key] = value
         live = {n.id: n.metadata for n in self.ns.all_nodes() if n.metadata}
         for node_id in sorted(set(rows) | set(live)):
@@ -141,9 +141,9 @@ class Checker:
 
     def _rewrite_metadata(self, node_id: int, metadata: dict[bytes, bytes]) -> None:
         with self.registry.transaction(durable=True):
-            self.registry.delete_metadata(node_id)
+            self.registry.metadata.delete(node_id)
             for key, value in metadata.items():
-                self.registry.set_metadata(node_id, key, value)
+                self.registry.metadata.set(node_id, key, value)
 
     def check_backend_memory(self) -> None:
         for alloc in self.ns.allocations():
@@ -179,7 +179,7 @@ class Checker:
             self.keeper.withdraw(key)
 
     def check_holders_table(self) -> None:
-        rows = {r["id"]: r for r in self.registry.load_holders()}
+        rows = {r["id"]: r for r in self.registry.holders.load()}
         live = {h.id: h for a in self.ns.allocations() for h in a.holders.values()}
         if set(rows) != set(live):
             self._problem("holders", f"holders table lists {sorted(rows)}, the daemon has "
@@ -187,10 +187,10 @@ class Checker:
 
     def _rewrite_holders(self) -> None:
         with self.registry.transaction(durable=False):
-            self.registry.clear_holders()
+            self.registry.holders.clear()
             for alloc in self.ns.allocations():
                 for h in alloc.holders.values():
-                    self.registry.add_holder(h.id, alloc.id, h.session.id, h.kind, h.pid,
+                    self.registry.holders.add(h.id, alloc.id, h.session.id, h.kind, h.pid,
                                              h.uid, h.since_ns)
 
     def check_tree_shape(self) -> None:

@@ -93,12 +93,12 @@ class Custody:
         strays = self.take_strays(kept, metas, orphans)
         summary = {"adopted": 0, "lost": 0, "orphans_freed": 0, "orphans_adopted": 0,
                    "transients_dropped": 0}
-        damage = self.registry.damage()
+        damage = self.registry.damaged.load()
         recovered: dict[int, list[int]] = {}
         with self.journal.change(durable=True):
-            interrupted = [r for r in self.registry.load_holders()
+            interrupted = [r for r in self.registry.holders.load()
                            if r["kind"] in WRITER_KINDS]
-            self.registry.clear_holders()
+            self.registry.holders.clear()
             if kept or strays:      # no new id may alias a key the keeper holds
                 self.ns.reserve_ids_up_to(max(abs(k) for k in [*kept, *strays]))
             self._adopt_listed(kept, summary)
@@ -135,7 +135,7 @@ class Custody:
             now = time.time_ns()
             self.journal.keep(alloc, "modified_ns", "changed_ns")
             alloc.modified_ns = alloc.changed_ns = now
-            self.registry.update_node(alloc.id, modified_ns=now, changed_ns=now)
+            self.registry.nodes.update(alloc.id, modified_ns=now, changed_ns=now)
             writer = Credentials(pid=row["pid"], uid=row["uid"], gid=-1)
             # Numbers and flags only: a `write` detail is what a client reports too, and
             # carries no text (daemon/events.py, CLIENT_REPORTED).
@@ -188,7 +188,7 @@ class Custody:
             fds += self.backend.keeper_fds(alloc.parity)
         return Deposit(alloc.id, f"make '{alloc.path or alloc.name}' durable", fds,
                        {"capacity": alloc.capacity, "device": alloc.device,
-                        "registry": self.registry.instance}, (alloc.buffer, alloc.parity))
+                        "registry": self.registry.identity.instance}, (alloc.buffer, alloc.parity))
 
     def prepare(self, ids: list[int], cred, mode: int, size: int, dev, capacity: int,
                 ecc: str, label: str) -> Prepared:
@@ -271,7 +271,7 @@ class Custody:
         """Deposit a resize's new memory under the staging key -id (reallocate)."""
         self.send(Deposit(key, "keep the resized memory", self.backend.keeper_fds(buf),
                           {"capacity": capacity, "device": device,
-                           "registry": self.registry.instance}))
+                           "registry": self.registry.identity.instance}))
 
     def require_could_fit(self, dev, size: int, ecc: str) -> None:
         """NoMemory with errno EFBIG for a size no device could ever hold: its footprint
@@ -385,8 +385,8 @@ class Custody:
         if orphans not in POLICIES:
             raise ValueError(f"unknown orphans policy {orphans!r}")
         listed = {a.id for a in self.ns.allocations()}
-        foreign, why = classify(kept, metas, listed, self.registry.instance,
-                                self.registry.created, self.registry.last_node_id())
+        foreign, why = classify(kept, metas, listed, self.registry.identity.instance,
+                                self.registry.created, self.registry.identity.last_node_id())
         if foreign and orphans == "refuse":
             count, nbytes = held(kept, metas, foreign)
             for fds in kept.values():
@@ -442,7 +442,7 @@ class Custody:
                     self.keeper.withdraw(key)
             if alloc.state in ("lost", "pending"):
                 alloc.state = "ready"
-                self.registry.update_node(alloc.id, state="ready")
+                self.registry.nodes.update(alloc.id, state="ready")
             self.journal.event("adopt", alloc, None, capacity=alloc.capacity)
             return True
         self._mark_lost(alloc, f"re-adoption failed: {error}")
@@ -467,7 +467,7 @@ class Custody:
     def _mark_lost(self, alloc: Allocation, reason: str) -> None:
         alloc.state = "lost"
         alloc.buffer = None
-        self.registry.update_node(alloc.id, state="lost")
+        self.registry.nodes.update(alloc.id, state="lost")
         self.journal.event("lost", alloc, None, reason=reason)
         log.warning("allocation '%s' (id %d) is lost: %s", alloc.path, alloc.id, reason)
 

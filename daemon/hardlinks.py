@@ -43,7 +43,7 @@ class HardLinks:
     attrs_changed: Callable[[Node], None]
 
     def _load_hard_links(self) -> None:
-        for row in self.registry.load_links():
+        for row in self.registry.links.load():
             linked, parent = self.nodes.get(row["node"]), self.nodes.get(row["parent"])
             if linked is None or not isinstance(parent, Directory) or \
                     isinstance(linked, Directory) or row["name"] in parent.children:
@@ -91,8 +91,8 @@ class HardLinks:
                              f"have ({MAX_LINKS})", details={"errno": "EMLINK"})
         self._require_room_for_a_name(node.uid)
         now = time.time_ns()
-        self.registry.insert_link(parent.id, name, node.id)
-        self.registry.update_node(node.id, changed_ns=now)
+        self.registry.links.insert(parent.id, name, node.id)
+        self.registry.nodes.update(node.id, changed_ns=now)
         self.journal.keep(node, "changed_ns")
         self._alias_added(node, (parent, name))
         node.changed_ns = now
@@ -101,7 +101,7 @@ class HardLinks:
         self.journal.keep(parent, "modified_ns", "changed_ns")
         parent.add_child(node, name)
         parent.modified_ns = parent.changed_ns = now
-        self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
+        self.registry.nodes.update(parent.id, modified_ns=now, changed_ns=now)
         self.journal.node_changed(parent)
         self.entry_changed(parent, name)       # a cached negative entry, if any
         self.attrs_changed(node)               # st_nlink and st_ctime
@@ -134,13 +134,13 @@ class HardLinks:
             # Its row's name goes: the next name moves into the row.
             parent_next, name_next = node.aliases.first()
             self._alias_removed(node, (parent_next, name_next))
-            self.registry.delete_link(parent_next.id, name_next)
-            self.registry.update_node(node.id, parent=parent_next.id, name=name_next,
+            self.registry.links.delete(parent_next.id, name_next)
+            self.registry.nodes.update(node.id, parent=parent_next.id, name=name_next,
                                       changed_ns=now)
             node.parent, node.name = parent_next, name_next
         else:
-            self.registry.delete_link(parent.id, name)
-            self.registry.update_node(node.id, changed_ns=now)
+            self.registry.links.delete(parent.id, name)
+            self.registry.nodes.update(node.id, changed_ns=now)
             self._alias_removed(node, (parent, name))
         node.changed_ns = now
         self._count_names(node, -1)
@@ -155,10 +155,10 @@ class HardLinks:
         children are the caller's. The caller has kept the node's parent and name."""
         (old_dir, old_name), (new_dir, new_name) = old, new
         if node.parent is old_dir and node.name == old_name:
-            self.registry.update_node(node.id, parent=new_dir.id, name=new_name)
+            self.registry.nodes.update(node.id, parent=new_dir.id, name=new_name)
             node.parent, node.name = new_dir, new_name
             return
-        self.registry.delete_link(old_dir.id, old_name)
-        self.registry.insert_link(new_dir.id, new_name, node.id)
+        self.registry.links.delete(old_dir.id, old_name)
+        self.registry.links.insert(new_dir.id, new_name, node.id)
         self._alias_removed(node, old)
         self._alias_added(node, new)

@@ -111,7 +111,7 @@ class Holders:
                         pid=cred.pid, uid=cred.uid, since_ns=time.time_ns())
         if kind not in MOUNT_KINDS:
             with self.journal.change(durable=False, batch=True):
-                self.registry.add_holder(holder.id, alloc.id, session.id, kind, holder.pid,
+                self.registry.holders.add(holder.id, alloc.id, session.id, kind, holder.pid,
                                          holder.uid, holder.since_ns)
         alloc.holders[holder.id] = holder
         session.holders[holder.id] = holder
@@ -134,7 +134,7 @@ class Holders:
         both (the verb fails and changes nothing)."""
         if holder.kind not in MOUNT_KINDS:
             with self.journal.change(durable=False, batch=True):
-                self.registry.remove_holder(holder.id)
+                self.registry.holders.remove(holder.id)
         if holder.alloc.holders.pop(holder.id, None) is not None \
                 and holder.kind not in MOUNT_KINDS:
             left = self.per_uid[holder.uid] - 1

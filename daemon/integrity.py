@@ -86,7 +86,7 @@ class Integrity:
                 or alloc.unlinked:
             return
         with self.journal.change(durable=True):
-            self.registry.update_node(alloc.id, unsealed=WRITING)
+            self.registry.nodes.update(alloc.id, unsealed=WRITING)
         alloc.writing = True
 
     def writes_synced(self, alloc: Allocation) -> None:
@@ -95,7 +95,7 @@ class Integrity:
         alloc.writing = False
         if not alloc.unlinked:
             with self.journal.change(durable=False):
-                self.registry.update_node(alloc.id, unsealed=SEALED)
+                self.registry.nodes.update(alloc.id, unsealed=SEALED)
 
     def settle(self, allocations: list[Allocation], damage: dict[int, set[int]],
                deposit: Callable[[Allocation], None]) -> int:
@@ -197,7 +197,7 @@ class Integrity:
         rebuilt at the next sync, not judged."""
         now = time.time_ns()
         with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
-            self.registry.update_node(alloc.id, verified_ns=now)
+            self.registry.nodes.update(alloc.id, verified_ns=now)
         alloc.verified_ns = now
 
     def _verify_piece(self, alloc: Allocation, first: int, count: int, repair: bool,
@@ -234,8 +234,8 @@ class Integrity:
         before = sorted(alloc.damaged)
         state = "degraded" if damaged else "ready"
         with self.journal.change(durable=alloc.durable):
-            self.registry.set_damage(alloc.id, damaged, time.time_ns())
-            self.registry.update_node(alloc.id, state=state)
+            self.registry.damaged.replace(alloc.id, damaged, time.time_ns())
+            self.registry.nodes.update(alloc.id, state=state)
             alloc.damaged, alloc.state = set(damaged), state
             if damaged:
                 self.journal.event("damage", alloc, cred, reason=reason, blocks=sorted(damaged),
@@ -427,5 +427,5 @@ class Integrity:
             return
         alloc.unsealed = True
         with self.journal.change(durable=alloc.durable):
-            self.registry.update_node(alloc.id, unsealed=UNSEALED)
+            self.registry.nodes.update(alloc.id, unsealed=UNSEALED)
         self.journal.node_changed(alloc)

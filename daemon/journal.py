@@ -128,7 +128,7 @@ class Journal:
         now = time.time_ns()
         path = node.path if node is not None else None
         detail = bound_detail(kind, detail)       # schema and size (daemon/events.py)
-        event_id = self.registry.add_event(
+        event_id = self.registry.event_log.add(
             kind, node.id if node else None, path, cred.uid if cred else None,
             cred.pid if cred else None, detail, now)
         self._pending_events.append({
@@ -205,8 +205,8 @@ class Journal:
         most `max_bytes` of detail and path text; with `path`, those at or under it; with
         `uid`, only those that user may see (events.visible_to). And whether none was left
         out for want of bytes (Registry.events_page)."""
-        return self.registry.events_page(since, limit, path, uid, max_bytes, administrator)
+        return self.registry.event_log.page(since, limit, path, uid, max_bytes, administrator)
 
     def last_event_id(self) -> int:
         """The id of the newest logged event (0 when the log is empty)."""
-        return self.registry.last_event_id()
+        return self.registry.event_log.last_id()

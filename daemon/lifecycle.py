@@ -79,7 +79,7 @@ class Lifecycle:
             self.journal.keep(alloc, "durable", "changed_ns")
             alloc.durable = durable
             alloc.changed_ns = time.time_ns()
-            self.registry.update_node(alloc.id, durable=int(durable),
+            self.registry.nodes.update(alloc.id, durable=int(durable),
                                       changed_ns=alloc.changed_ns)
             if durable and alloc.buffer is not None:
                 if deposited is not None and deposited.taken_from(alloc):

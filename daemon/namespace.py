@@ -108,8 +108,8 @@ class Namespace(HardLinks):
         self.resolver = Resolver(lambda: self.root)
 
     def load(self) -> None:
-        self._next_id = self.registry.next_node_id()
-        rows = self.registry.load_nodes()
+        self._next_id = self.registry.identity.next_node_id()
+        rows = self.registry.nodes.load()
         for row in rows:
             self.nodes[row["id"]] = self._node_from_row(row)
         for row in rows:
@@ -131,7 +131,7 @@ class Namespace(HardLinks):
     def _load_metadata(self) -> None:
         """Each node's user metadata, and each uid's total of it (NodeTable). A row of a
         node the tree lacks cannot be (ON DELETE CASCADE); `check` would name one."""
-        for node_id, key, value in self.registry.load_metadata():
+        for node_id, key, value in self.registry.metadata.load():
             node = self.nodes.get(node_id)
             if node is None:
                 continue
@@ -265,7 +265,7 @@ class Namespace(HardLinks):
         if "target" in db_fields:
             db_fields["target"] = stored_name(db_fields["target"])
         row["id"] = node_id if node_id is not None else self.reserve_ids(1)[0]
-        node_id = self.registry.insert_node(**row, **db_fields)
+        node_id = self.registry.nodes.insert(**row, **db_fields)
         node = cls(id=node_id, name=name, parent=parent, uid=cred.uid, gid=gid, mode=mode,
                    created_ns=now, modified_ns=now, changed_ns=now, **alloc_fields)
         self._link(parent, node, now)
@@ -297,7 +297,7 @@ class Namespace(HardLinks):
     def reserve_ids_up_to(self, up_to: int) -> None:
         """Make every future id larger than `up_to` (ids are keeper keys: start-up keeps
         new ids from aliasing what the keeper holds)."""
-        self.registry.reserve_node_ids(up_to)
+        self.registry.identity.reserve_node_ids(up_to)
         self._next_id = max(self._next_id, up_to + 1)
 
     def check_not_reserved(self, parent: Directory, name: str) -> None:
@@ -316,7 +316,7 @@ class Namespace(HardLinks):
             self.nodes.pop(node.id, None)
         self.journal.on_rollback(unlink)
         parent.modified_ns = parent.changed_ns = now
-        self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
+        self.registry.nodes.update(parent.id, modified_ns=now, changed_ns=now)
         self.journal.node_changed(parent)
 
     def _unlink(self, node: Node) -> None:
@@ -339,7 +339,7 @@ class Namespace(HardLinks):
         self.journal.keep(parent, "modified_ns", "changed_ns")
         parent.remove_child(name)
         parent.modified_ns = parent.changed_ns = now
-        self.registry.update_node(parent.id, modified_ns=now, changed_ns=now)
+        self.registry.nodes.update(parent.id, modified_ns=now, changed_ns=now)
         self.entry_changed(parent, name)
         self.journal.node_changed(parent)
 
@@ -367,10 +367,10 @@ class Namespace(HardLinks):
         if value is None:
             if old is None:
                 return
-            self.registry.delete_metadata(node.id, key)
+            self.registry.metadata.delete(node.id, key)
             del node.metadata[key]
         else:
-            self.registry.set_metadata(node.id, key, value)
+            self.registry.metadata.set(node.id, key, value)
             node.metadata[key] = value
 
         def undo() -> None:
@@ -388,9 +388,9 @@ class Namespace(HardLinks):
         if not entries and not node.metadata:
             return
         self.journal.keep(node, "metadata")
-        self.registry.delete_metadata(node.id)
+        self.registry.metadata.delete(node.id)
         for key in sorted(entries):
-            self.registry.set_metadata(node.id, key, entries[key])
+            self.registry.metadata.set(node.id, key, entries[key])
         old, node.metadata = node.metadata_bytes, dict(entries)
         self._metadata_grew(node, sum(len(k) + len(v) for k, v in entries.items()) - old)
 
@@ -399,7 +399,7 @@ class Namespace(HardLinks):
         self.journal.keep(node, "metadata_bytes", "changed_ns")
         node.metadata_bytes += delta
         node.changed_ns = now
-        self.registry.update_node(node.id, changed_ns=now)
+        self.registry.nodes.update(node.id, changed_ns=now)
         if delta and self.nodes.get(node.id) is node:
             self.nodes.metadata_changed(node, delta)
             self.journal.on_rollback(lambda: self.nodes.metadata_changed(node, -delta))
@@ -432,7 +432,7 @@ class Namespace(HardLinks):
     def forget(self, node: Node) -> None:
         """Remove a node's row and its place in the tree (memory is the caller's concern)."""
         self.generations.pop(node.id, None)
-        self.registry.delete_node(node.id)      # its hard links' rows with it
+        self.registry.nodes.delete(node.id)      # its hard links' rows with it
         self._unlink(node)
 
     def removal_order(self, parent: Directory, name: str, node: Node, cred: Credentials
@@ -527,7 +527,7 @@ class Namespace(HardLinks):
             self.journal.keep(node, "parent", "name", "changed_ns")
             self._keep_entries((src_dir, src_name), (dst_dir, dst_name))
             self._move_name(node, (src_dir, src_name), (dst_dir, dst_name))
-            self.registry.update_node(node.id, changed_ns=now)
+            self.registry.nodes.update(node.id, changed_ns=now)
             for directory in {src_dir, dst_dir}:
                 self.journal.keep(directory, "modified_ns", "changed_ns")
             src_dir.remove_child(src_name)
@@ -537,7 +537,7 @@ class Namespace(HardLinks):
             node.changed_ns = now
             for directory in {src_dir, dst_dir}:
                 directory.modified_ns = directory.changed_ns = now
-                self.registry.update_node(directory.id, modified_ns=now, changed_ns=now)
+                self.registry.nodes.update(directory.id, modified_ns=now, changed_ns=now)
                 self.journal.node_changed(directory)
             dst_dir.add_child(node, dst_name)
             self.journal.event("rename", node, cred, **{"from": old_path, "to": new_path})
@@ -572,19 +572,19 @@ class Namespace(HardLinks):
             # link's row out of `links`) while `b` takes its name, then takes `b`'s.
             a_first = a.parent is src_dir and a.name == src_name
             if a_first:
-                self.registry.update_node(a.id, parent=None)
+                self.registry.nodes.update(a.id, parent=None)
             else:
-                self.registry.delete_link(src_dir.id, src_name)
+                self.registry.links.delete(src_dir.id, src_name)
                 self._alias_removed(a, at_a)
             self._move_name(b, at_b, at_a)
             if a_first:
-                self.registry.update_node(a.id, parent=dst_dir.id, name=dst_name)
+                self.registry.nodes.update(a.id, parent=dst_dir.id, name=dst_name)
                 a.parent, a.name = dst_dir, dst_name
             else:
-                self.registry.insert_link(dst_dir.id, dst_name, a.id)
+                self.registry.links.insert(dst_dir.id, dst_name, a.id)
                 self._alias_added(a, at_b)
             for node in (a, b):
-                self.registry.update_node(node.id, changed_ns=now)
+                self.registry.nodes.update(node.id, changed_ns=now)
                 node.changed_ns = now
             src_dir.remove_child(src_name)
             dst_dir.remove_child(dst_name)
@@ -594,7 +594,7 @@ class Namespace(HardLinks):
             self.entry_changed(dst_dir, dst_name)
             for directory in {src_dir, dst_dir}:
                 directory.modified_ns = directory.changed_ns = now
-                self.registry.update_node(directory.id, modified_ns=now, changed_ns=now)
+                self.registry.nodes.update(directory.id, modified_ns=now, changed_ns=now)
                 self.journal.node_changed(directory)
             for node, old, new in ((a, paths[0], paths[1]), (b, paths[1], paths[0])):
                 self.journal.event("rename", node, cred, exchange=True,
@@ -701,7 +701,7 @@ class Namespace(HardLinks):
         changes["changed_ns"] = now
         with self.journal.change(durable=self.has_durable(node),
                           batch=isinstance(node, Allocation) and not node.durable):
-            self.registry.update_node(node.id, **changes)
+            self.registry.nodes.update(node.id, **changes)
             self.journal.keep(node, *changes)
             if "uid" in changes and self.nodes.get(node.id) is node:
                 old_uid, new_uid = node.uid, changes["uid"]
@@ -735,7 +735,7 @@ class Namespace(HardLinks):
             # Never fsynced: an access time lost to a power cut harms nobody.
             with self.journal.change(durable=False,
                               batch=isinstance(node, Allocation) and not node.durable):
-                self.registry.update_node(node.id, accessed_ns=now)
+                self.registry.nodes.update(node.id, accessed_ns=now)
 
     def may_search_to(self, node: Node, cred: Credentials) -> bool:
         """Whether `cred` has search (x) permission on every directory above `node`: where

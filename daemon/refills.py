@@ -71,7 +71,7 @@ class Refills:
             alloc.state = "ready"
             alloc.modified_ns = alloc.changed_ns = now
             alloc.unsealed = refill.unsealed
-            self.registry.update_node(alloc.id, state="ready", modified_ns=now,
+            self.registry.nodes.update(alloc.id, state="ready", modified_ns=now,
                                       changed_ns=now, unsealed=1 if refill.unsealed else 0)
             self.journal.event("restore", alloc, cred, action="done",
                                damaged_blocks=len(blocks))
@@ -109,7 +109,7 @@ class Refills:
         with self.journal.change(durable=alloc.durable):
             self.journal.keep(alloc, "state")
             alloc.state = "lost"
-            self.registry.update_node(alloc.id, state="lost")
+            self.registry.nodes.update(alloc.id, state="lost")
             self.journal.event("lost", alloc, cred, reason="a restore from a snapshot did "
                                "not complete")
         self.journal.node_changed(alloc)

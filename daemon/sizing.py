@@ -102,7 +102,7 @@ class Sizing:
             self.journal.keep(alloc, "size", "capacity", "modified_ns", "changed_ns")
             alloc.size, alloc.capacity = size, capacity
             alloc.modified_ns = alloc.changed_ns = now
-            self.registry.update_node(alloc.id, size=size, capacity=capacity,
+            self.registry.nodes.update(alloc.id, size=size, capacity=capacity,
                                       device=alloc.device, state=alloc.state,
                                       modified_ns=now, changed_ns=now)
             self.journal.event("resize", alloc, cred, size=size, capacity=capacity,
@@ -118,7 +118,7 @@ class Sizing:
         with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
             self.journal.keep(alloc, "capacity")
             alloc.capacity = capacity
-            self.registry.update_node(alloc.id, capacity=capacity, device=alloc.device,
+            self.registry.nodes.update(alloc.id, capacity=capacity, device=alloc.device,
                                       state=alloc.state)
             self.journal.event("resize", alloc, DAEMON, size=alloc.size, capacity=capacity,
                                old_size=alloc.size)
@@ -138,6 +138,6 @@ class Sizing:
         self._dirty.discard(alloc.id)
         if not alloc.unlinked:
             with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
-                self.registry.update_node(alloc.id, size=alloc.size,
+                self.registry.nodes.update(alloc.id, size=alloc.size,
                                           modified_ns=alloc.modified_ns,
                                           changed_ns=alloc.changed_ns)

@@ -179,7 +179,7 @@ class HandleVerbs:
                 with self.journal.change(durable=False):
                     self.journal.keep(alloc, "modified_ns", "changed_ns")
                     _stamp_written(alloc)
-                    self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
+                    self.registry.nodes.update(alloc.id, modified_ns=alloc.modified_ns,
                                               changed_ns=alloc.changed_ns)
                     self.journal.event("write", alloc, session.cred, **written)
         self.lifecycle.remove_holder(holder)
@@ -251,7 +251,7 @@ class HandleVerbs:
                 self.journal.keep(alloc, "unsealed", "modified_ns", "changed_ns")
                 alloc.unsealed = False
                 _stamp_written(alloc)
-                self.registry.update_node(alloc.id, modified_ns=alloc.modified_ns,
+                self.registry.nodes.update(alloc.id, modified_ns=alloc.modified_ns,
                                           changed_ns=alloc.changed_ns, unsealed=SEALED)
                 self.journal.event("seal", alloc, cred, reason=reason)
 

@@ -129,7 +129,7 @@ class RefillVerbs:
             with self.journal.change(durable=alloc.durable):
                 self.journal.keep(alloc, "device", "capacity")
                 alloc.device, alloc.capacity = dev.uuid, capacity
-                self.registry.update_node(alloc.id, device=dev.uuid, capacity=capacity)
+                self.registry.nodes.update(alloc.id, device=dev.uuid, capacity=capacity)
         try:
             self.integrity.protect_new(alloc)
         except BaseException:
@@ -141,7 +141,7 @@ class RefillVerbs:
         with self.journal.change(durable=alloc.durable):
             self.journal.keep(alloc, "state")
             alloc.state = "restoring"
-            self.registry.update_node(alloc.id, state="lost")
+            self.registry.nodes.update(alloc.id, state="lost")
             self.journal.event("restore", alloc, cred, action="begin")
             if metadata is not None and metadata != alloc.metadata:
                 self.ns.replace_metadata(alloc, metadata)
@@ -181,7 +181,7 @@ class SnapshotRecords:
 
     def load(self) -> None:
         """At start-up: the administrator's newest reports of earlier runs."""
-        self.last_snapshots = self.registry.last_snapshot_reports(administrative_uid)
+        self.last_snapshots = self.registry.event_log.last_snapshot_reports(administrative_uid)
 
     def record_snapshot(self, cred: Credentials, report: dict, paths: list[str],
                         administrator: bool) -> dict:
@@ -213,6 +213,6 @@ class SnapshotRecords:
                 continue               # gone since, or not the caller's to vouch for
             self.journal.keep(alloc, "snapshot", "snapshot_ns")
             alloc.snapshot, alloc.snapshot_ns = location, now
-            self.registry.update_node(alloc.id, snapshot=location, snapshot_ns=now)
+            self.registry.nodes.update(alloc.id, snapshot=location, snapshot_ns=now)
             stamped += 1
         return stamped

@@ -84,8 +84,8 @@ class Reports:
     # ---- the scrubber's state ------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
         """A value save_meta stored (the scrubber's state), or None."""
-        return self.registry.meta(key)
+        return self.registry.identity.get(key)
 
     def save_meta(self, key: str, value: str) -> None:
         with self.journal.change(durable=False):
-            self.registry.set_meta(key, value)
+            self.registry.identity.set(key, value)

@@ -35,7 +35,7 @@ class ServiceVerbs:
             for alloc in self.ns.allocations():
                 if not alloc.durable:
                     self.ns.forget(alloc)
-            self.registry.clear_holders()
+            self.registry.holders.clear()
             self.journal.event("stop", None, None)
         for alloc in self.ns.allocations():
             self.custody.free(alloc)

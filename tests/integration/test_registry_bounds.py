@@ -131,7 +131,7 @@ def test_event_log_is_pruned_to_its_row_bound(tmp_path):
     reg = Registry(path, max_events=200)
     for i in range(1000):
         with reg.transaction(durable=False):
-            reg.add_event("mkdir", None, f"d{i}", 0, 1, {"mode": "0755"}, i)
+            reg.event_log.add("mkdir", None, f"d{i}", 0, 1, {"mode": "0755"}, i)
     reg.close()
     db = sqlite3.connect(path)
     count, oldest, newest = db.execute("SELECT COUNT(*), MIN(id), MAX(id) FROM events")\

@@ -129,21 +129,21 @@ def test_the_registry_keeps_one_stored_form_per_name(tmp_path):
     common = dict(parent=1, kind="dir", uid=0, gid=0, mode=0o755, created_ns=0,
                   modified_ns=0, changed_ns=0)
     with reg.transaction(durable=False):
-        reg.insert_node(name="plain", **common)
-        reg.insert_node(name=LATIN, **common)
-        reg.insert_node(name="\xe9", **common)
-        reg.add_event("mkdir", 2, "plain/x", 0, 1, {}, 0)
-        reg.add_event("mkdir", 3, LATIN + "/x", 0, 1, {"name": LATIN}, 0)
+        reg.nodes.insert(name="plain", **common)
+        reg.nodes.insert(name=LATIN, **common)
+        reg.nodes.insert(name="\xe9", **common)
+        reg.event_log.add("mkdir", 2, "plain/x", 0, 1, {}, 0)
+        reg.event_log.add("mkdir", 3, LATIN + "/x", 0, 1, {"name": LATIN}, 0)
     stored = dict(reg.db.execute("SELECT name, typeof(name) FROM nodes WHERE id > 1"))
     assert stored == {"plain": "text", b"caf\xe9": "blob", "\xe9": "text"}
     for again in (LATIN, "\udcc3\udca9"):       # the second: the bytes of "\xe9", escaped
         with pytest.raises(sqlite3.IntegrityError), reg.transaction(durable=False):
-            reg.insert_node(name=again, **common)
-    assert [r["name"] for r in reg.load_nodes()] == ["", "plain", LATIN, "\xe9"]
-    found = reg.events(path=LATIN)
+            reg.nodes.insert(name=again, **common)
+    assert [r["name"] for r in reg.nodes.load()] == ["", "plain", LATIN, "\xe9"]
+    found = reg.event_log.query(path=LATIN)
     assert [(e["path"], e["detail"]) for e in found] == [(LATIN + "/x", {"name": LATIN})]
-    assert [e["path"] for e in reg.events(path="plain")] == ["plain/x"]
-    assert reg.event_log_bytes() == reg.db.execute(
+    assert [e["path"] for e in reg.event_log.query(path="plain")] == ["plain/x"]
+    assert reg.event_log.size_bytes() == reg.db.execute(
         "SELECT SUM(length(CAST(detail AS BLOB)) + length(CAST(path AS BLOB))) FROM events"
     ).fetchone()[0]
     reg.close()

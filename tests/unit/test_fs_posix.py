@@ -104,7 +104,7 @@ def test_the_access_time_column_is_added_with_the_modification_time(tmp_path):
     path = str(tmp_path / "r.sqlite")
     reg = Registry(path)
     with reg.transaction(durable=True):
-        reg.insert_node(parent=ROOT_ID, name="old", kind="alloc", uid=0, gid=0, mode=0o600,
+        reg.nodes.insert(parent=ROOT_ID, name="old", kind="alloc", uid=0, gid=0, mode=0o600,
                         created_ns=5, modified_ns=7, changed_ns=9, state="ready")
     reg.close()
     db = sqlite3.connect(path)                          # back to schema 3
@@ -116,7 +116,7 @@ def test_the_access_time_column_is_added_with_the_modification_time(tmp_path):
     db.close()
     reg = Registry(path)
     assert reg.version() == SCHEMA_VERSION
-    rows = {r["name"]: r for r in reg.load_nodes()}
+    rows = {r["name"]: r for r in reg.nodes.load()}
     assert rows["old"]["accessed_ns"] == 7
     assert rows[""]["accessed_ns"] == rows[""]["modified_ns"]
     reg.close()

@@ -75,7 +75,7 @@ def test_pending_file_then_resize_allocates(world):
     m.data.resize(f, ROOT, MiB + 1)
     assert (f.state, f.size, f.capacity) == ("ready", MiB + 1, 2 * MiB)
     assert m.data.read_at(f, 0, 10) == bytes(10)
-    assert m.registry.events()[-1]["kind"] == "resize"
+    assert m.registry.event_log.query()[-1]["kind"] == "resize"
     clean(m)
 
 
@@ -274,10 +274,10 @@ def test_write_times_are_flushed(world):
     f = touch(m, "f")
     m.data.write_at(f, 0, b"abc")
     m.data.write_at(f, 1, b"x")
-    row = {r["id"]: r for r in m.registry.load_nodes()}[f.id]
+    row = {r["id"]: r for r in m.registry.nodes.load()}[f.id]
     assert row["modified_ns"] < f.modified_ns        # not committed per write
     m.data.flush_times(f)
-    row = {r["id"]: r for r in m.registry.load_nodes()}[f.id]
+    row = {r["id"]: r for r in m.registry.nodes.load()}[f.id]
     assert row["modified_ns"] == f.modified_ns
     clean(m)
 
@@ -294,7 +294,7 @@ def test_rename_moves_and_replaces_freeing_memory(world):
     assert node is a and a.path == "e/b" and m.data.read_at(a, 0, 6) == b"from a"
     assert m.backend.used == with_parity(2 * MiB)    # b's memory was freed
     assert [x["path"] for x in m.queries.listdir("", ROOT, recursive=True)] == ["d", "e", "e/b"]
-    event = m.registry.events()[-1]
+    event = m.registry.event_log.query()[-1]
     assert event["kind"] == "rename" and event["detail"] == {"from": "d/a", "to": "e/b"}
     with pytest.raises(NotFound):
         m.names.rename(d.id, "a", e.id, "c", ROOT)
@@ -444,7 +444,7 @@ def test_setattr_mode_owner_group_times(world):
     m.names.setattr(f.id, BOB, mode=0o666)
     m.names.setattr(f.id, ALICE, mtime_ns=NOW, atime_ns=NOW)  # write permission is enough
     assert f.modified_ns > 1_000_000_000
-    assert m.registry.events()[-1]["kind"] == "setattr"
+    assert m.registry.event_log.query()[-1]["kind"] == "setattr"
     with pytest.raises(UsageError):
         m.names.setattr(f.id, ROOT, mode=0o17777)
     clean(m)
@@ -521,11 +521,11 @@ def test_size_growth_commits_at_sync(world):
     f = touch(m, "f")
     m.data.write_at(f, 0, b"abc")                             # allocates: committed at once
     m.data.write_at(f, 3, b"defg")                            # within the capacity: in memory
-    row = {r["id"]: r for r in m.registry.load_nodes()}[f.id]
+    row = {r["id"]: r for r in m.registry.nodes.load()}[f.id]
     assert (row["size"], f.size) == (3, 7)
     assert f.dirty_from == 0 and f.dirty_to == 7
     run_sync(m.data.sync(f))
-    row = {r["id"]: r for r in m.registry.load_nodes()}[f.id]
+    row = {r["id"]: r for r in m.registry.nodes.load()}[f.id]
     assert row["size"] == 7 and f.dirty_to <= f.dirty_from
     clean(m)
 
@@ -537,7 +537,7 @@ def test_chmod_does_not_drop_an_uncommitted_size(world):
     m.data.write_at(f, 3, b"def")
     m.names.setattr(f.id, ROOT, mode=0o600)
     run_sync(m.data.sync(f))
-    assert {r["id"]: r for r in m.registry.load_nodes()}[f.id]["size"] == 6
+    assert {r["id"]: r for r in m.registry.nodes.load()}[f.id]["size"] == 6
     clean(m)
 
 

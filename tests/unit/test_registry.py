@@ -13,7 +13,7 @@ def test_fresh_registry_has_root_wal_and_version(tmp_path):
     reg = Registry(str(tmp_path / "r.sqlite"))
     assert reg.version() == SCHEMA_VERSION
     assert reg.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    rows = reg.load_nodes()
+    rows = reg.nodes.load()
     assert [(r["id"], r["kind"], r["mode"]) for r in rows] == [(1, "dir", 0o1777)]
     reg.close()
 
@@ -22,10 +22,10 @@ def test_rollback_leaves_nothing(tmp_path):
     reg = Registry(str(tmp_path / "r.sqlite"))
     with pytest.raises(RuntimeError):
         with reg.transaction(durable=True):
-            reg.insert_node(parent=1, name="x", kind="alloc", uid=0, gid=0, mode=0o600,
+            reg.nodes.insert(parent=1, name="x", kind="alloc", uid=0, gid=0, mode=0o600,
                             created_ns=0, modified_ns=0, changed_ns=0, state="ready")
             raise RuntimeError("boom")
-    assert len(reg.load_nodes()) == 1
+    assert len(reg.nodes.load()) == 1
     reg.close()
 
 
@@ -35,10 +35,10 @@ def test_ids_are_never_reused(tmp_path):
     fields = dict(parent=1, kind="alloc", uid=0, gid=0, mode=0o600, created_ns=0,
                   modified_ns=0, changed_ns=0, state="ready")
     with reg.transaction(durable=False, batch=True):
-        first = reg.insert_node(name="a", **fields)
-        reg.delete_node(first)
+        first = reg.nodes.insert(name="a", **fields)
+        reg.nodes.delete(first)
     with reg.transaction(durable=False, batch=True):
-        assert reg.insert_node(name="b", **fields) > first
+        assert reg.nodes.insert(name="b", **fields) > first
     reg.close()
 
 
@@ -56,9 +56,9 @@ def test_events_filter_by_path_prefix(tmp_path):
     reg = Registry(str(tmp_path / "r.sqlite"))
     with reg.transaction(durable=False, batch=True):
         for path in ("a", "a/b", "ab", "c"):
-            reg.add_event("create", None, path, 0, os.getpid(), {"n": path}, 1)
-    assert [e["path"] for e in reg.events(path="a")] == ["a", "a/b"]
-    assert [e["path"] for e in reg.events(since=2, limit=1)] == ["c"]
+            reg.event_log.add("create", None, path, 0, os.getpid(), {"n": path}, 1)
+    assert [e["path"] for e in reg.event_log.query(path="a")] == ["a", "a/b"]
+    assert [e["path"] for e in reg.event_log.query(since=2, limit=1)] == ["c"]
     reg.close()
 
 
@@ -71,14 +71,14 @@ def test_checkpoint_folds_the_wal_from_another_connection(tmp_path):
                   modified_ns=0, changed_ns=0, state="ready")
     for i in range(300):
         with reg.transaction(durable=False, batch=True):
-            reg.insert_node(name=f"n{i}", **fields)
+            reg.nodes.insert(name=f"n{i}", **fields)
     wal = tmp_path / "r.sqlite-wal"
     assert wal.stat().st_size > 0
     busy, frames, done = reg.checkpoint("TRUNCATE")
     assert busy == 0 and frames == done
     assert wal.stat().st_size == 0
     reg.close()
-    assert len(Registry(path).load_nodes()) == 301
+    assert len(Registry(path).nodes.load()) == 301
 
 
 FIELDS = dict(parent=1, kind="alloc", uid=0, gid=0, mode=0o600, created_ns=0, modified_ns=0,
@@ -101,30 +101,30 @@ def test_group_commit_batches_transient_changes(tmp_path):
     batches = []
     reg.on_batch = lambda: batches.append(1)
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t1", **FIELDS)
+        reg.nodes.insert(name="t1", **FIELDS)
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t2", **FIELDS)
+        reg.nodes.insert(name="t2", **FIELDS)
     assert batches == [1]                              # one flush scheduled for both
     assert committed_names(path) == []                 # a crash now loses them (transient)
-    assert [r["name"] for r in reg.load_nodes()][1:] == ["t1", "t2"]   # this connection sees
+    assert [r["name"] for r in reg.nodes.load()][1:] == ["t1", "t2"]   # this connection sees
     with pytest.raises(RuntimeError):                  # a failed change leaves the batch
         with reg.transaction(durable=False, batch=True):
-            reg.insert_node(name="bad", **FIELDS)
+            reg.nodes.insert(name="bad", **FIELDS)
             raise RuntimeError("boom")
     reg.flush()
     assert committed_names(path) == ["t1", "t2"]
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t3", **FIELDS)
+        reg.nodes.insert(name="t3", **FIELDS)
     with reg.transaction(durable=False):               # not batched (a directory, say):
-        reg.insert_node(name="n1", **FIELDS)           # commits the batch with itself
+        reg.nodes.insert(name="n1", **FIELDS)           # commits the batch with itself
     assert committed_names(path) == ["t1", "t2", "t3", "n1"]
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t3b", **FIELDS)
+        reg.nodes.insert(name="t3b", **FIELDS)
     with reg.transaction(durable=True):                # and so does a durable change
-        reg.insert_node(name="d1", **FIELDS)
+        reg.nodes.insert(name="d1", **FIELDS)
     assert committed_names(path) == ["t1", "t2", "t3", "n1", "t3b", "d1"]
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t4", **FIELDS)
+        reg.nodes.insert(name="t4", **FIELDS)
     reg.close()                                        # a clean stop commits the batch
     assert committed_names(path) == ["t1", "t2", "t3", "n1", "t3b", "d1", "t4"]
 
@@ -134,8 +134,8 @@ def test_nested_durable_part_makes_the_commit_durable(tmp_path):
     reg = Registry(path)
     reg.group_commit = True
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="outer", **FIELDS)
+        reg.nodes.insert(name="outer", **FIELDS)
         with reg.transaction(durable=True):
-            reg.insert_node(name="inner", **FIELDS)
+            reg.nodes.insert(name="inner", **FIELDS)
     assert committed_names(path) == ["outer", "inner"]
     reg.close()

@@ -108,14 +108,14 @@ def test_migration_keeps_the_rows_and_drops_the_unused_columns(tmp_path):
     reg = Registry(path)
     try:
         assert not reg.created
-        alloc = {r["name"]: r for r in reg.load_nodes()}["weights"]
+        alloc = {r["name"]: r for r in reg.nodes.load()}["weights"]
         assert (alloc["size"], alloc["capacity"], alloc["state"], alloc["ecc"]) == \
             (5000, 2097152, "ready", "rs")
         assert alloc["unsealed"] == 0 and alloc["verified_ns"] is None
         assert alloc["accessed_ns"] == alloc["modified_ns"] == 20
         assert "parity_gen" not in alloc.keys() and "checksum" not in alloc.keys()
-        assert reg.instance == "00112233"
-        assert [e["kind"] for e in reg.events()] == ["create"]
+        assert reg.identity.instance == "00112233"
+        assert [e["kind"] for e in reg.event_log.query()] == ["create"]
     finally:
         reg.close()
 
@@ -128,7 +128,7 @@ def test_a_fresh_registry_is_made_at_the_current_version(tmp_path):
         assert "parity_gen" not in columns and "checksum" not in columns
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
             with reg.transaction(durable=False):
-                reg.insert_node(parent=ROOT_ID, name="x", kind="alloc", uid=0, gid=0,
+                reg.nodes.insert(parent=ROOT_ID, name="x", kind="alloc", uid=0, gid=0,
                                 mode=0o600, created_ns=0, modified_ns=0, changed_ns=0,
                                 state="recovering")
     finally:
@@ -192,14 +192,14 @@ def test_the_rebuild_to_schema_8_keeps_ids_damage_and_the_id_mark(tmp_path):
     reg = Registry(path)
     try:
         assert reg.version() == SCHEMA_VERSION
-        assert [r["id"] for r in reg.load_nodes()] == [ROOT_ID, 2]
-        assert reg.damage() == {2: {5}}
-        assert reg.next_node_id() == 501
+        assert [r["id"] for r in reg.nodes.load()] == [ROOT_ID, 2]
+        assert reg.damaged.load() == {2: {5}}
+        assert reg.identity.next_node_id() == 501
         with reg.transaction(durable=False):
-            reg.insert_node(id=501, parent=ROOT_ID, name="l", kind="symlink", uid=0, gid=0,
+            reg.nodes.insert(id=501, parent=ROOT_ID, name="l", kind="symlink", uid=0, gid=0,
                             mode=0o777, created_ns=0, modified_ns=0, changed_ns=0,
                             target="weights")
-            reg.insert_node(id=502, parent=ROOT_ID, name="p", kind="fifo", uid=0, gid=0,
+            reg.nodes.insert(id=502, parent=ROOT_ID, name="p", kind="fifo", uid=0, gid=0,
                             mode=0o600, created_ns=0, modified_ns=0, changed_ns=0, rdev=0)
         assert reg.integrity_errors() == []
     finally:

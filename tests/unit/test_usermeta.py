@@ -93,7 +93,7 @@ def test_set_get_rm_create_replace_and_info(world):
     assert str(exc.value) == "no metadata key 'k' on 'a'"
     with pytest.raises(NotFound, match="no metadata key 'k' on 'a'"):
         m.metadata.meta_rm("a", "k", ROOT)
-    kinds = [(e["kind"], e["detail"]) for e in m.registry.events() if e["kind"] == "meta"]
+    kinds = [(e["kind"], e["detail"]) for e in m.registry.event_log.query() if e["kind"] == "meta"]
     assert kinds == [("meta", {"action": "set", "key": "k", "bytes": 3}),
                      ("meta", {"action": "set", "key": "k", "bytes": 3}),
                      ("meta", {"action": "set", "key": "new", "bytes": 1}),
@@ -136,7 +136,7 @@ def test_hard_links_share_it_and_the_last_name_takes_it(world):
     m.names.remove("a", ALICE)
     assert used(m, 1000) == 101 and m.metadata.meta_list("b", ALICE)["metadata"] == {"k": "v" * 100}
     m.names.remove("b", ALICE)
-    assert used(m, 1000) == 0 and m.registry.load_metadata() == []
+    assert used(m, 1000) == 0 and m.registry.metadata.load() == []
     clean(m)
 
 
@@ -252,7 +252,7 @@ def test_a_removed_but_open_file_keeps_its_metadata_and_its_bytes_are_freed(worl
     _holder, fd, _info = m.handles.open("a", ROOT, session, "r")
     os.close(fd)
     m.names.remove("a", ROOT, force=True)
-    assert used(m, 0) == 0 and m.registry.load_metadata() == []
+    assert used(m, 0) == 0 and m.registry.metadata.load() == []
     assert m.metadata.metadata_value(node, b"k", ROOT) == b"v"              # fgetxattr on the mount
     with pytest.raises(NotFound):
         m.metadata.set_metadata(node, b"k", b"w", ROOT, authorised=True)    # fsetxattr: no row left
@@ -264,11 +264,11 @@ def test_check_names_registry_rows_that_differ_and_repairs_them(world):
     m = world.m
     a = run_sync(m.names.create("a", ROOT, size=MiB, durable=True, metadata={"k": "v"}))
     with m.registry.transaction(durable=True):
-        m.registry.set_metadata(a["id"], b"k", b"changed behind our back")
-        m.registry.set_metadata(a["id"], b"extra", b"x")
+        m.registry.metadata.set(a["id"], b"k", b"changed behind our back")
+        m.registry.metadata.set(a["id"], b"extra", b"x")
     report = m.checks.check()
     assert [p["check"] for p in report["problems"]] == ["metadata"]
     assert "'a'" in report["problems"][0]["message"]
     m.checks.check(repair=True)
-    assert sorted(m.registry.load_metadata()) == [(a["id"], b"k", b"v")]
+    assert sorted(m.registry.metadata.load()) == [(a["id"], b"k", b"v")]
     clean(m)

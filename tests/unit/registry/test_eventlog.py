@@ -24,7 +24,7 @@ def reg(tmp_path):
 def add(reg: Registry, uid: int | None, path: str = "p", size: int = 100,
         node: int | None = 1) -> int:
     with reg.transaction(durable=False):
-        return reg.add_event("write", node, path, uid, 1, {"x": "y" * size}, 0)
+        return reg.event_log.add("write", node, path, uid, 1, {"x": "y" * size}, 0)
 
 
 def held(reg: Registry, uid: int | None) -> int:
@@ -41,9 +41,9 @@ def test_one_user_is_held_to_its_share_and_the_others_keep_theirs(reg):
         newest = add(reg, USER)
         assert held(reg, USER) <= SHARE
     assert held(reg, USER) >= int(SHARE * EVENT_PRUNE_TO) - 200      # pruned to 75%, not 0
-    ids = [e["id"] for e in reg.events(limit=10_000)]
+    ids = [e["id"] for e in reg.event_log.query(limit=10_000)]
     assert set(early) <= set(ids) and daemon_wide in ids and newest in ids
-    assert reg.event_log_bytes() == held(reg, USER) + held(reg, OTHER) + held(reg, None)
+    assert reg.event_log.size_bytes() == held(reg, USER) + held(reg, OTHER) + held(reg, None)
 
 
 @pytest.mark.parametrize("uid", [None, 0, os.geteuid()])
@@ -58,12 +58,12 @@ def test_the_log_is_held_to_its_bytes_oldest_first_and_the_newest_stays(reg):
     first = add(reg, 0)
     for _ in range(400):
         newest = add(reg, 0)
-        assert reg.event_log_bytes() <= LIMIT
-    ids = [e["id"] for e in reg.events(limit=10_000)]
+        assert reg.event_log.size_bytes() <= LIMIT
+    ids = [e["id"] for e in reg.event_log.query(limit=10_000)]
     assert first not in ids and ids[-1] == newest
     assert ids == list(range(ids[0], newest + 1))           # only the oldest went
     huge = add(reg, 0, size=2 * LIMIT)                      # larger than the whole bound
-    assert [e["id"] for e in reg.events(limit=10_000)] == [huge]
+    assert [e["id"] for e in reg.event_log.query(limit=10_000)] == [huge]
 
 
 def test_the_log_is_held_to_its_rows(tmp_path):
@@ -72,7 +72,7 @@ def test_the_log_is_held_to_its_rows(tmp_path):
         for _ in range(1000):
             newest = add(reg, 0, size=1)
             assert reg.db.execute("SELECT COUNT(*) FROM events").fetchone()[0] <= 2 * 100
-        ids = [e["id"] for e in reg.events(limit=10_000)]
+        ids = [e["id"] for e in reg.event_log.query(limit=10_000)]
         assert ids[-1] == newest and len(ids) <= 100 + 1
         assert ids == list(range(ids[0], newest + 1))
     finally:
@@ -89,10 +89,10 @@ def test_the_count_survives_a_reopen(tmp_path):
     reg.close()
     reg = Registry(path, max_event_bytes=LIMIT)
     try:
-        assert reg.event_log_bytes() == before
+        assert reg.event_log.size_bytes() == before
         for _ in range(200):
             add(reg, 0)
-        assert reg.event_log_bytes() == held(reg, 0) <= LIMIT
+        assert reg.event_log.size_bytes() == held(reg, 0) <= LIMIT
     finally:
         reg.close()
 
@@ -100,11 +100,11 @@ def test_the_count_survives_a_reopen(tmp_path):
 def test_a_page_fits_its_byte_budget_newest_first(reg):
     ids = [add(reg, USER, size=100) for _ in range(10)]
     one = len('{"x": ""}') + 100 + len("p")
-    page, complete = reg.events_page(max_bytes=3 * one)
+    page, complete = reg.event_log.page(max_bytes=3 * one)
     assert [e["id"] for e in page] == ids[-3:] and not complete
-    page, complete = reg.events_page(max_bytes=1)           # the newest always comes
+    page, complete = reg.event_log.page(max_bytes=1)           # the newest always comes
     assert [e["id"] for e in page] == ids[-1:] and not complete
-    page, complete = reg.events_page(max_bytes=100 * one)
+    page, complete = reg.event_log.page(max_bytes=100 * one)
     assert [e["id"] for e in page] == ids and complete
 
 
@@ -113,6 +113,6 @@ def test_what_a_user_may_see_of_the_log(reg):
     add(reg, OTHER)                                         # another user's: never
     daemon_wide = add(reg, None, node=None)                 # the daemon's own: always
     others_wide = add(reg, OTHER, node=None)                # another's daemon-wide: admins
-    assert [e["id"] for e in reg.events(uid=USER)] == [mine, daemon_wide]
-    page, _ = reg.events_page(uid=USER, administrator=True)
+    assert [e["id"] for e in reg.event_log.query(uid=USER)] == [mine, daemon_wide]
+    page, _ = reg.event_log.page(uid=USER, administrator=True)
     assert [e["id"] for e in page] == [mine, daemon_wide, others_wide]

@@ -86,15 +86,16 @@ def test_a_registry_of_each_older_version_opens_at_the_current_schema(tmp_path, 
     reg = Registry(path)
     try:
         assert not reg.created and reg.version() == SCHEMA_VERSION
-        assert reg.instance == "00112233"
-        assert reg.next_node_id() == RESERVED_ID + 1     # ids handed out stay handed out
-        names = {n["id"]: n["name"] for n in reg.load_nodes()}
+        assert reg.identity.instance == "00112233"
+        assert reg.identity.next_node_id() == RESERVED_ID + 1     # ids handed out stay handed out
+        names = {n["id"]: n["name"] for n in reg.nodes.load()}
         assert names[2] == "weights"
         if version >= 7:
             assert names[4] == LATIN.decode(errors="surrogateescape")   # a BLOB
-        assert reg.damage() == ({2: {5}} if version >= 2 else {})
+        assert reg.damaged.load() == ({2: {5}} if version >= 2 else {})
         latin = LATIN.decode(errors="surrogateescape")
-        assert [(e["kind"], e["path"]) for e in reg.events()] == [("create", "weights")] + \
+        events = [(e["kind"], e["path"]) for e in reg.event_log.query()]
+        assert events == [("create", "weights")] + \
             ([("mkdir", "d/" + latin)] if version >= 7 else [])
         assert reg.integrity_errors() == []
         assert reg.db.execute("PRAGMA foreign_key_check").fetchall() == []
@@ -109,10 +110,10 @@ def test_a_registry_of_each_older_version_opens_at_the_current_schema(tmp_path, 
         if version < 10:
             assert alloc["snapshot"] is None and alloc["snapshot_ns"] is None
         with reg.transaction(durable=False):      # and takes what the newest schema allows
-            reg.insert_node(parent=1, name="l", kind="symlink", uid=0, gid=0, mode=0o777,
+            reg.nodes.insert(parent=1, name="l", kind="symlink", uid=0, gid=0, mode=0o777,
                             created_ns=0, modified_ns=0, changed_ns=0, target="weights")
-            reg.set_metadata(2, b"k", b"v")
-        assert reg.next_node_id() == RESERVED_ID + 2
+            reg.metadata.set(2, b"k", b"v")
+        assert reg.identity.next_node_id() == RESERVED_ID + 2
     finally:
         reg.close()
 

@@ -35,67 +35,67 @@ def typeof(reg: Registry, sql: str, *args) -> list[tuple]:
 
 def test_node_names_are_text_or_blob_on_insert_and_on_rename(reg):
     with reg.transaction(durable=False):
-        plain = reg.insert_node(parent=ROOT_ID, name="plain", **NODE)
-        other = reg.insert_node(parent=ROOT_ID, name=LATIN, **NODE)
+        plain = reg.nodes.insert(parent=ROOT_ID, name="plain", **NODE)
+        other = reg.nodes.insert(parent=ROOT_ID, name=LATIN, **NODE)
     assert typeof(reg, "SELECT name, typeof(name) FROM nodes WHERE id > 1 ORDER BY id") == \
         [("plain", "text"), (b"caf\xe9", "blob")]
     with reg.transaction(durable=False):               # renames swap the two forms
-        reg.update_node(plain, name=LATIN + "2")
-        reg.update_node(other, name="caf\xe9")
+        reg.nodes.update(plain, name=LATIN + "2")
+        reg.nodes.update(other, name="caf\xe9")
     assert typeof(reg, "SELECT name, typeof(name) FROM nodes WHERE id > 1 ORDER BY id") == \
         [(b"caf\xe92", "blob"), ("caf\xe9", "text")]
-    assert [n["name"] for n in reg.load_nodes()] == ["", LATIN + "2", "caf\xe9"]
+    assert [n["name"] for n in reg.nodes.load()] == ["", LATIN + "2", "caf\xe9"]
 
 
 def test_a_name_is_unique_across_its_forms(reg):
     """The bytes of "é" escaped, or given as UTF-8: the same name, one stored form, so the
     second is refused, as is LATIN twice."""
     with reg.transaction(durable=False):
-        reg.insert_node(parent=ROOT_ID, name="\xe9", **NODE)
-        reg.insert_node(parent=ROOT_ID, name=LATIN, **NODE)
+        reg.nodes.insert(parent=ROOT_ID, name="\xe9", **NODE)
+        reg.nodes.insert(parent=ROOT_ID, name=LATIN, **NODE)
     for again in ("\udcc3\udca9", LATIN):
         with pytest.raises(sqlite3.IntegrityError), reg.transaction(durable=False):
-            reg.insert_node(parent=ROOT_ID, name=again, **NODE)
+            reg.nodes.insert(parent=ROOT_ID, name=again, **NODE)
 
 
 def test_link_names_are_stored_as_node_names_and_found_again(reg):
     with reg.transaction(durable=False):
-        node = reg.insert_node(parent=ROOT_ID, name="a", **dict(NODE, kind="alloc"))
-        reg.insert_link(ROOT_ID, LATIN, node)
-        reg.insert_link(ROOT_ID, "b", node)
+        node = reg.nodes.insert(parent=ROOT_ID, name="a", **dict(NODE, kind="alloc"))
+        reg.links.insert(ROOT_ID, LATIN, node)
+        reg.links.insert(ROOT_ID, "b", node)
     assert typeof(reg, "SELECT name, typeof(name) FROM links ORDER BY rowid") == \
         [(b"caf\xe9", "blob"), ("b", "text")]
-    assert [(link["name"], link["node"]) for link in reg.load_links()] == \
+    assert [(link["name"], link["node"]) for link in reg.links.load()] == \
         [(LATIN, node), ("b", node)]
     with reg.transaction(durable=False):
-        reg.delete_link(ROOT_ID, LATIN)                # found by its stored form
-    assert [link["name"] for link in reg.load_links()] == ["b"]
+        reg.links.delete(ROOT_ID, LATIN)                # found by its stored form
+    assert [link["name"] for link in reg.links.load()] == ["b"]
 
 
 def test_event_paths_are_stored_as_names_and_filtered_as_bytes(reg):
     with reg.transaction(durable=False):
-        reg.add_event("mkdir", None, LATIN, 0, 1, {"name": LATIN}, 0)
-        reg.add_event("mkdir", None, LATIN + "/x", 0, 1, {}, 0)
-        reg.add_event("mkdir", None, "caf\xe9/x", 0, 1, {}, 0)     # another name
+        reg.event_log.add("mkdir", None, LATIN, 0, 1, {"name": LATIN}, 0)
+        reg.event_log.add("mkdir", None, LATIN + "/x", 0, 1, {}, 0)
+        reg.event_log.add("mkdir", None, "caf\xe9/x", 0, 1, {}, 0)     # another name
     assert typeof(reg, "SELECT typeof(path) FROM events ORDER BY id") == \
         [("blob",), ("blob",), ("text",)]
-    found = reg.events(path=LATIN)
+    found = reg.event_log.query(path=LATIN)
     assert [(e["path"], e["detail"]) for e in found] == \
         [(LATIN, {"name": LATIN}), (LATIN + "/x", {})]
-    assert [e["path"] for e in reg.events(path="caf\xe9")] == ["caf\xe9/x"]
-    assert reg.event_log_bytes() == sum(
+    assert [e["path"] for e in reg.event_log.query(path="caf\xe9")] == ["caf\xe9/x"]
+    assert reg.event_log.size_bytes() == sum(
         r[0] for r in reg.db.execute("SELECT length(CAST(detail AS BLOB)) +"
                                      " length(CAST(path AS BLOB)) FROM events"))
 
 
 def test_user_metadata_is_bytes_in_and_out(reg):
     with reg.transaction(durable=False):
-        reg.set_metadata(ROOT_ID, b"k\xff", b"\x00v\xff")
-        reg.set_metadata(ROOT_ID, b"a", b"")
-    assert reg.load_metadata() == [(ROOT_ID, b"a", b""), (ROOT_ID, b"k\xff", b"\x00v\xff")]
+        reg.metadata.set(ROOT_ID, b"k\xff", b"\x00v\xff")
+        reg.metadata.set(ROOT_ID, b"a", b"")
+    assert reg.metadata.load() == [(ROOT_ID, b"a", b""), (ROOT_ID, b"k\xff", b"\x00v\xff")]
     with reg.transaction(durable=False):
-        reg.delete_metadata(ROOT_ID, b"k\xff")
-    assert reg.load_metadata() == [(ROOT_ID, b"a", b"")]
+        reg.metadata.delete(ROOT_ID, b"k\xff")
+    assert reg.metadata.load() == [(ROOT_ID, b"a", b"")]
     with reg.transaction(durable=False):
-        reg.delete_metadata(ROOT_ID)
-    assert reg.load_metadata() == []
+        reg.metadata.delete(ROOT_ID)
+    assert reg.metadata.load() == []

@@ -32,18 +32,18 @@ def test_a_new_registry_has_every_table_the_root_and_an_identity(tmp_path):
     try:
         assert reg.created and reg.version() == SCHEMA_VERSION
         assert tables(reg.db) == TABLES
-        [root] = reg.load_nodes()
+        [root] = reg.nodes.load()
         assert (root["id"], root["parent"], root["name"], root["kind"], root["mode"]) == \
             (ROOT_ID, None, "", "dir", 0o1777)
-        assert int(reg.meta("created_ns")) == root["created_ns"]
-        instance = reg.instance
+        assert int(reg.identity.get("created_ns")) == root["created_ns"]
+        instance = reg.identity.instance
         assert len(instance) == 16 and int(instance, 16) >= 0
     finally:
         reg.close()
     again = Registry(path)                      # an existing one is opened, not made
     try:
-        assert not again.created and again.instance == instance
-        assert len(again.load_nodes()) == 1
+        assert not again.created and again.identity.instance == instance
+        assert len(again.nodes.load()) == 1
     finally:
         again.close()
 
@@ -72,13 +72,13 @@ def test_the_connection_is_configured_for_the_durability_rules(reg):
 
 def test_a_removed_node_takes_its_rows_in_every_table_with_it(reg):
     with reg.transaction(durable=False):
-        node = reg.insert_node(name="a", **NODE)
-        reg.insert_link(ROOT_ID, "b", node)
-        reg.set_metadata(node, b"k", b"v")
-        reg.set_damage(node, {1, 2}, 5)
-        reg.add_holder(1, node, 1, "lease", 2, 0, 3)
+        node = reg.nodes.insert(name="a", **NODE)
+        reg.links.insert(ROOT_ID, "b", node)
+        reg.metadata.set(node, b"k", b"v")
+        reg.damaged.replace(node, {1, 2}, 5)
+        reg.holders.add(1, node, 1, "lease", 2, 0, 3)
     with reg.transaction(durable=False):
-        reg.delete_node(node)
+        reg.nodes.delete(node)
     for table, column in (("links", "node"), ("metadata", "node"), ("damage", "node"),
                           ("holders", "node"), ("nodes", "id")):
         assert reg.db.execute(f"SELECT count(*) FROM {table} WHERE {column} = ?",
@@ -90,10 +90,10 @@ def test_the_schema_checks_what_it_states(reg):
     node without its owner, is refused."""
     for bad in (dict(kind="file"), dict(state="recovering"), dict(ecc="raid")):
         with pytest.raises(sqlite3.IntegrityError), reg.transaction(durable=False):
-            reg.insert_node(name="x", **{**NODE, **bad})
+            reg.nodes.insert(name="x", **{**NODE, **bad})
     with pytest.raises(sqlite3.IntegrityError), reg.transaction(durable=False):
-        reg.insert_node(name="x", **{k: v for k, v in NODE.items() if k != "uid"})
-    assert len(reg.load_nodes()) == 1
+        reg.nodes.insert(name="x", **{k: v for k, v in NODE.items() if k != "uid"})
+    assert len(reg.nodes.load()) == 1
 
 
 def test_a_file_that_is_not_a_registry_is_unusable_and_corrupt(tmp_path):

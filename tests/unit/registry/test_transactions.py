@@ -60,25 +60,25 @@ class FailingCommit:
 
 def test_a_failing_change_leaves_nothing_and_the_registry_usable(reg, path):
     with pytest.raises(RuntimeError), reg.transaction(durable=False):
-        reg.insert_node(name="a", **FIELDS)
-        reg.add_event("create", 2, "a", 0, 1, {}, 0)
+        reg.nodes.insert(name="a", **FIELDS)
+        reg.event_log.add("create", 2, "a", 0, 1, {}, 0)
         raise RuntimeError("a step of the change failed")
     assert not reg.in_transaction and not reg.db.in_transaction
-    assert committed(path) == [] and reg.events() == []
+    assert committed(path) == [] and reg.event_log.query() == []
     with reg.transaction(durable=False):
-        reg.insert_node(name="b", **FIELDS)
+        reg.nodes.insert(name="b", **FIELDS)
     assert committed(path) == ["b"]
 
 
 def test_a_failing_nested_part_takes_the_whole_change_back(reg, path):
     """A nested transaction() joins the outer one: there is one change, whole or not at all."""
     with pytest.raises(RuntimeError), reg.transaction(durable=False):
-        reg.insert_node(name="outer", **FIELDS)
+        reg.nodes.insert(name="outer", **FIELDS)
         with reg.transaction(durable=True):
             assert reg.in_transaction
-            reg.insert_node(name="inner", **FIELDS)
+            reg.nodes.insert(name="inner", **FIELDS)
             raise RuntimeError("boom")
-    assert committed(path) == [] and len(reg.load_nodes()) == 1
+    assert committed(path) == [] and len(reg.nodes.load()) == 1
 
 
 def test_only_durable_changes_fsync_the_wal(reg, monkeypatch):
@@ -86,15 +86,15 @@ def test_only_durable_changes_fsync_the_wal(reg, monkeypatch):
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
     with reg.transaction(durable=False):
-        reg.insert_node(name="a", **FIELDS)
+        reg.nodes.insert(name="a", **FIELDS)
     assert synced == []
     with reg.transaction(durable=True):
-        reg.insert_node(name="b", **FIELDS)
+        reg.nodes.insert(name="b", **FIELDS)
     assert len(synced) == 1
     with reg.transaction(durable=False, batch=True):    # a durable part makes it durable
-        reg.insert_node(name="c", **FIELDS)
+        reg.nodes.insert(name="c", **FIELDS)
         with reg.transaction(durable=True):
-            reg.insert_node(name="d", **FIELDS)
+            reg.nodes.insert(name="d", **FIELDS)
     assert len(synced) == 2
 
 
@@ -102,7 +102,7 @@ def test_an_unbatched_change_commits_at_once_even_with_group_commit_on(reg, path
     batches: list[int] = []
     reg.enable_group_commit(lambda: batches.append(1))
     with reg.transaction(durable=False):
-        reg.insert_node(name="dir-like", **FIELDS)
+        reg.nodes.insert(name="dir-like", **FIELDS)
     assert committed(path) == ["dir-like"] and batches == []
     reg.flush()                                        # nothing open: nothing to do
     assert not reg.db.in_transaction
@@ -115,9 +115,9 @@ def test_a_batch_lost_to_a_failed_commit_is_reported_to_its_owner(reg, path):
     told: list[int] = []
     reg.enable_group_commit(lambda: told.append(1))
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t1", **FIELDS)
+        reg.nodes.insert(name="t1", **FIELDS)
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t2", **FIELDS)
+        reg.nodes.insert(name="t2", **FIELDS)
     assert told == [1] and not reg.batch_lost
     reg.db = FailingCommit(reg.db)                    # type: ignore[assignment]
     with pytest.raises(sqlite3.OperationalError, match=FULL):
@@ -125,7 +125,7 @@ def test_a_batch_lost_to_a_failed_commit_is_reported_to_its_owner(reg, path):
     assert reg.batch_lost and told == [1, 1]
     assert committed(path) == [] and not reg.db.in_transaction
     with reg.transaction(durable=False):              # the next change works
-        reg.insert_node(name="n1", **FIELDS)
+        reg.nodes.insert(name="n1", **FIELDS)
     assert committed(path) == ["n1"]
 
 
@@ -135,10 +135,10 @@ def test_a_failed_commit_of_a_change_of_its_own_is_not_a_lost_batch(reg, path):
     reg.db = FailingCommit(reg.db)                    # type: ignore[assignment]
     with pytest.raises(sqlite3.OperationalError, match=FULL):
         with reg.transaction(durable=True):
-            reg.insert_node(name="d1", **FIELDS)
+            reg.nodes.insert(name="d1", **FIELDS)
     assert not reg.batch_lost and committed(path) == []
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t1", **FIELDS)
+        reg.nodes.insert(name="t1", **FIELDS)
     reg.flush()
     assert committed(path) == ["t1"]
 
@@ -148,7 +148,7 @@ def test_a_commit_that_leaves_the_transaction_open_is_retried(reg, path):
     lost, and the next flush commits the batch."""
     reg.enable_group_commit(lambda: None)
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="t1", **FIELDS)
+        reg.nodes.insert(name="t1", **FIELDS)
     reg.db = FailingCommit(reg.db, rolled_back=False)  # type: ignore[assignment]
     with pytest.raises(sqlite3.OperationalError):
         reg.flush()
@@ -167,19 +167,19 @@ def test_rollback_and_failed_commits_recount_the_event_log(reg):
                               " FROM events").fetchone()[0]
 
     with reg.transaction(durable=False):
-        reg.add_event("mkdir", None, "kept", 0, 1, {"n": 1}, 0)
-    assert reg.event_log_bytes() == table_bytes() > 0
+        reg.event_log.add("mkdir", None, "kept", 0, 1, {"n": 1}, 0)
+    assert reg.event_log.size_bytes() == table_bytes() > 0
     with pytest.raises(RuntimeError), reg.transaction(durable=False):
-        reg.add_event("mkdir", None, "gone", 0, 1, {"n": "x" * 500}, 0)
+        reg.event_log.add("mkdir", None, "gone", 0, 1, {"n": "x" * 500}, 0)
         raise RuntimeError
-    assert reg.event_log_bytes() == table_bytes()
+    assert reg.event_log.size_bytes() == table_bytes()
     reg.enable_group_commit(lambda: None)
     with reg.transaction(durable=False, batch=True):
-        reg.add_event("create", None, "lost", 0, 1, {"n": "y" * 500}, 0)
+        reg.event_log.add("create", None, "lost", 0, 1, {"n": "y" * 500}, 0)
     reg.db = FailingCommit(reg.db)                    # type: ignore[assignment]
     with pytest.raises(sqlite3.OperationalError):
         reg.flush()
-    assert reg.event_log_bytes() == table_bytes()
+    assert reg.event_log.size_bytes() == table_bytes()
 
 
 def test_checkpoint_due_follows_changes_idleness_and_an_open_batch(reg):
@@ -188,11 +188,11 @@ def test_checkpoint_due_follows_changes_idleness_and_an_open_batch(reg):
     reg.enable_group_commit(lambda: None)
     opened = reg.last_change                  # (no checkpoint yet: the open counts as one)
     with reg.transaction(durable=False):
-        reg.insert_node(name="a", **FIELDS)
+        reg.nodes.insert(name="a", **FIELDS)
     assert reg.checkpoint_due(reg.last_change) is None     # too soon after the last one
     assert reg.checkpoint_due(opened + PASSIVE_SECONDS) == "PASSIVE"   # changed, not idle
     with reg.transaction(durable=False, batch=True):      # a batch open ...
-        reg.insert_node(name="b", **FIELDS)
+        reg.nodes.insert(name="b", **FIELDS)
     assert reg.checkpoint_due(reg.last_change + IDLE_SECONDS) != "TRUNCATE"
     reg.flush()                                           # ... and committed: idle
     assert reg.checkpoint_due(reg.last_change + IDLE_SECONDS) == "TRUNCATE"
@@ -206,6 +206,6 @@ def test_checkpoint_due_follows_changes_idleness_and_an_open_batch(reg):
 def test_the_integrity_check_on_its_own_connection_runs_beside_an_open_batch(reg):
     reg.enable_group_commit(lambda: None)
     with reg.transaction(durable=False, batch=True):
-        reg.insert_node(name="a", **FIELDS)
+        reg.nodes.insert(name="a", **FIELDS)
     assert reg.db.in_transaction
     assert reg.integrity_errors_readonly() == [] and reg.integrity_errors() == []
