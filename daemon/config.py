@@ -24,7 +24,7 @@ from typing import Any
 
 from gpumemctl.protocol import UsageError, parse_size
 
-from . import usermeta
+from .core import usermeta
 
 CONFIG_ENV = "GPUMEMD_CONFIG"
 BACKENDS = ("auto", "cuda", "host")

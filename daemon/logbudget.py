@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 import trio
 
-from .events import LineBudget
+from .core.events import LineBudget
 
 CLIENT_UID: contextvars.ContextVar[int | None] = contextvars.ContextVar("gpumemd_client_uid",
                                                                          default=None)

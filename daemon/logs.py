@@ -18,8 +18,8 @@ import traceback
 
 from gpumemctl.protocol.escape import escape
 
+from .core.permissions import administrative_uid
 from .logbudget import ClientLines
-from .permissions import administrative_uid
 
 # journald's priorities for Python's levels (sd-daemon(3): "<N>" prefixes on stderr lines).
 JOURNAL_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,

@@ -25,22 +25,23 @@ import trio
 
 from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_state_dir
 
-from . import autosnap, config, paths, systemd
+from . import config, paths, systemd
 from .backends import BackendUnavailable, choose_backend
-from .fdbudget import FdBudget, raise_open_file_limit
-from .keeper_link import KeeperGone, open_keeper
+from .compose import Config, build, start
+from .core.fdbudget import FdBudget, raise_open_file_limit
+from .core.orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
+from .core.permissions import administrative_uid
+from .fs.mount import Mount, MountError, check_mount_point
+from .keeper.link import KeeperGone, open_keeper
 from .logbudget import ClientLines, summarise_every_minute
 from .logs import setup_logging
-from .mount import Mount, MountError, check_mount_point
-from .orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
 from .paths import UnsafePath
-from .permissions import administrative_uid
 from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
-from .scrub import Scrubber
 from .server import VERSION, Server
 from .server.transport import PRIVILEGED_EXTRA, ConnectionLimits
+from .services import autosnap
+from .services.scrub import Scrubber
 from .verbs import Verbs
-from .verbs.build import Config, build, start
 from .verbs.checks import Checks
 from .verbs.service import ServiceVerbs
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpumemctl.protocol import PermissionDenied
 
-from ..events import visible_to
-from ..nodes import Node
-from ..sessions import Session
+from ..core.events import visible_to
+from ..core.nodes import Node
+from ..core.sessions import Session
 
 if TYPE_CHECKING:
     from ..verbs import Verbs

@@ -8,7 +8,7 @@ import logging
 import time
 from typing import Any
 
-from ..events import LineBudget
+from ..core.events import LineBudget
 
 log = logging.getLogger("gpumemd")
 

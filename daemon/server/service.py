@@ -28,7 +28,7 @@ from gpumemctl.protocol import (
 from gpumemctl.protocol.release import VERSION
 
 from ..config import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_UID
-from ..sessions import Session
+from ..core.sessions import Session
 from ..verbs.plan import run, run_sync
 from . import ops, status, streams
 from .call import Call
@@ -36,7 +36,7 @@ from .schema import validate
 from .transport import Connection, ConnectionLimits, listen
 
 if TYPE_CHECKING:
-    from ..scrub import Scrubber
+    from ..services.scrub import Scrubber
     from ..verbs import Verbs
 
 log = logging.getLogger("gpumemd")

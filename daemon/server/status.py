@@ -10,11 +10,11 @@ import trio
 
 from gpumemctl.protocol.release import VERSION
 
-from .. import nvml
+from ..services import nvml
 from .call import Call, Reply, own_uid_unless_privileged
 
 if TYPE_CHECKING:
-    from ..scrub import Scrubber
+    from ..services.scrub import Scrubber
 
 
 async def status(call: Call) -> Reply:

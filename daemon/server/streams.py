@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from ..nodes import Node
+from ..core.nodes import Node
 from .call import (
     Call,
     ProgressSend,

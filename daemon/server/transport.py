@@ -22,9 +22,9 @@ import trio
 from gpumemctl.protocol import Busy, GpumemError, ProtocolError, UsageError, framing
 
 from ..config import DEFAULT_MAX_CONNECTION_RATE_PER_UID
+from ..core.permissions import Credentials, peer_groups
 from ..logbudget import acting_for
 from ..paths import bind_unix
-from ..permissions import Credentials, peer_groups
 from .limits import MinuteWarning, OpenRate, RefusalAnswers
 
 log = logging.getLogger("gpumemd")

@@ -7,9 +7,9 @@ import trio
 from gpumemctl.protocol import InternalError, PermissionDenied, UsageError, jsontext
 from gpumemctl.protocol.errors import OK, REPAIRED, UNCORRECTABLE
 
-from ..describe import shown_path
+from ..core.describe import shown_path
+from ..core.nodes import Allocation
 from ..ecc.layout import BLOCK
-from ..nodes import Allocation
 from ..verbs.plan import run
 from .call import (
     Call,

@@ -9,12 +9,12 @@ from typing import Any
 
 from gpumemctl.protocol import PermissionDenied
 
-from ..check import Checker
-from ..custody import Custody
-from ..integrity import Integrity
-from ..namespace import Namespace
-from ..nodes import Allocation
-from ..permissions import Credentials
+from ..core.check import Checker
+from ..core.custody import Custody
+from ..core.integrity import Integrity
+from ..core.namespace import Namespace
+from ..core.nodes import Allocation
+from ..core.permissions import Credentials
 from ..registry import Registry
 from .plan import Breathe, Plan
 

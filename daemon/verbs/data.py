@@ -8,15 +8,15 @@ import time
 from gpumemctl.protocol import NoMemory, UsageError
 
 from ..backends import Backend
-from ..custody import Custody
-from ..integrity import Integrity
-from ..journal import Journal
-from ..namespace import DAEMON, NOW, Namespace
-from ..nodes import Allocation
-from ..permissions import Credentials, R, W, require
-from ..quotas import Quotas
-from ..sessions import Session
-from ..sizing import Sizing
+from ..core.custody import Custody
+from ..core.integrity import Integrity
+from ..core.journal import Journal
+from ..core.namespace import DAEMON, NOW, Namespace
+from ..core.nodes import Allocation
+from ..core.permissions import Credentials, R, W, require
+from ..core.quotas import Quotas
+from ..core.sessions import Session
+from ..core.sizing import Sizing
 from .plan import ParityWork, Plan
 
 # A write past the capacity grows it by this factor (capped at GROWTH_CAP bytes a step), so

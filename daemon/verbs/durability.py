@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..custody import Custody, Deposit
-from ..describe import describe
-from ..lifecycle import Lifecycle
-from ..namespace import Namespace
-from ..nodes import Allocation
-from ..permissions import Credentials
+from ..core.custody import Custody, Deposit
+from ..core.describe import describe
+from ..core.lifecycle import Lifecycle
+from ..core.namespace import Namespace
+from ..core.nodes import Allocation
+from ..core.permissions import Credentials
 from .plan import DEPOSITS, Exclusive, KeeperWork, Plan
 
 if TYPE_CHECKING:

@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING
 from gpumemctl.protocol import PermissionDenied, UsageError
 
 from ..backends import Backend
-from ..custody import Custody
-from ..describe import describe
-from ..holders import ATTACH_KINDS, HANDLE_KINDS, MOUNT_KINDS, Holders
-from ..integrity import Integrity, ParityJob
-from ..journal import Journal
-from ..lifecycle import Lifecycle
-from ..namespace import SEALED, Namespace
-from ..nodes import WRITER_KINDS, Allocation, Holder
-from ..permissions import Credentials, R, W, allowed, require
-from ..refills import Refills
+from ..core.custody import Custody
+from ..core.describe import describe
+from ..core.holders import ATTACH_KINDS, HANDLE_KINDS, MOUNT_KINDS, Holders
+from ..core.integrity import Integrity, ParityJob
+from ..core.journal import Journal
+from ..core.lifecycle import Lifecycle
+from ..core.namespace import SEALED, Namespace
+from ..core.nodes import WRITER_KINDS, Allocation, Holder
+from ..core.permissions import Credentials, R, W, allowed, require
+from ..core.refills import Refills
+from ..core.sessions import Session
+from ..core.sizing import Sizing
 from ..registry import Registry
-from ..sessions import Session
-from ..sizing import Sizing
 from .plan import ParityWork, Plan
 
 if TYPE_CHECKING:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from gpumemctl.protocol import Exists, NotFound, PermissionDenied, UsageError, name_from_bytes
 
-from .. import usermeta
-from ..describe import describe
-from ..journal import Journal
-from ..namespace import Namespace
-from ..nodes import Allocation, Directory, Node
-from ..permissions import Credentials, R, W, require
+from ..core import usermeta
+from ..core.describe import describe
+from ..core.journal import Journal
+from ..core.namespace import Namespace
+from ..core.nodes import Allocation, Directory, Node
+from ..core.permissions import Credentials, R, W, require
 
 
 class MetadataVerbs:

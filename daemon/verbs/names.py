@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING
 from gpumemctl.protocol import Busy, Exists, UsageError, split_path
 from gpumemctl.protocol.defaults import DIR_MODE, FILE_MODE
 
-from ..creation import Creation, NewAllocation, Request
-from ..custody import Custody, Prepared
-from ..describe import describe
-from ..holders import IO_KINDS, Holders
-from ..journal import Journal
-from ..lifecycle import Lifecycle
-from ..links import check_target
-from ..namespace import Namespace, check_mode
-from ..nodes import SPECIAL_KINDS, Allocation, Directory, Node, Special, Symlink, entry_path
-from ..permissions import Credentials, R, W, X, require
-from ..quotas import Quotas
-from ..sessions import Session
+from ..core.creation import Creation, NewAllocation, Request
+from ..core.custody import Custody, Prepared
+from ..core.describe import describe
+from ..core.holders import IO_KINDS, Holders
+from ..core.journal import Journal
+from ..core.lifecycle import Lifecycle
+from ..core.links import check_target
+from ..core.namespace import Namespace, check_mode
+from ..core.nodes import SPECIAL_KINDS, Allocation, Directory, Node, Special, Symlink, entry_path
+from ..core.permissions import Credentials, R, W, X, require
+from ..core.quotas import Quotas
+from ..core.sessions import Session
 from .plan import DEPOSITS, Exclusive, KeeperWork, Plan
 
 if TYPE_CHECKING:

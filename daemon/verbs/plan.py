@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import trio
 
 if TYPE_CHECKING:
-    from ..integrity import ParityJob
+    from ..core.integrity import ParityJob
 
 log = logging.getLogger("gpumemd")
 

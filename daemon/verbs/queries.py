@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..describe import describe
-from ..listing import list_page
-from ..namespace import Namespace
-from ..nodes import WRITER_KINDS, Allocation, Directory, Node
-from ..permissions import Credentials, R
+from ..core.describe import describe
+from ..core.listing import list_page
+from ..core.namespace import Namespace
+from ..core.nodes import WRITER_KINDS, Allocation, Directory, Node
+from ..core.permissions import Credentials, R
 
 if TYPE_CHECKING:
     from gpumemctl.protocol.replies import Node as NodeInfo

@@ -18,20 +18,20 @@ import time
 
 from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError, round_up
 
-from .. import usermeta
 from ..backends import Backend
-from ..creation import Creation, NewAllocation, Request
-from ..custody import Custody
-from ..describe import describe
-from ..holders import Holders
-from ..integrity import Integrity
-from ..journal import Journal
-from ..namespace import Namespace
-from ..nodes import Allocation
-from ..permissions import Credentials, R, W, administrative_uid, require
-from ..refills import Refill, Refills
+from ..core import usermeta
+from ..core.creation import Creation, NewAllocation, Request
+from ..core.custody import Custody
+from ..core.describe import describe
+from ..core.holders import Holders
+from ..core.integrity import Integrity
+from ..core.journal import Journal
+from ..core.namespace import Namespace
+from ..core.nodes import Allocation
+from ..core.permissions import Credentials, R, W, administrative_uid, require
+from ..core.refills import Refill, Refills
+from ..core.sessions import Session
 from ..registry import Registry
-from ..sessions import Session
 
 
 class RefillVerbs:

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends import Backend
-from ..holders import Holders
-from ..journal import Journal
-from ..namespace import Namespace
-from ..nodes import Node
-from ..quotas import Quotas
+from ..core.holders import Holders
+from ..core.journal import Journal
+from ..core.namespace import Namespace
+from ..core.nodes import Node
+from ..core.quotas import Quotas
 from ..registry import Registry
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..custody import Custody
-from ..integrity import Integrity
-from ..journal import Journal
-from ..namespace import Namespace
+from ..core.custody import Custody
+from ..core.integrity import Integrity
+from ..core.journal import Journal
+from ..core.namespace import Namespace
 from ..registry import Registry
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from daemon import nvml
+from daemon.services import nvml
 from tests.sizes import with_parity
 
 pytestmark = pytest.mark.gpu

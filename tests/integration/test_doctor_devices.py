@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from daemon import nvml
+from daemon.services import nvml
 from tests.sizes import with_parity
 
 MiB = 1 << 20

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from daemon.keeper_link import CALL_TIMEOUT
+from daemon.keeper.link import CALL_TIMEOUT
 from tests.harness import child_env, script_argv, wait_for
 
 BUSY = 9

@@ -7,7 +7,7 @@ import json
 import os
 import sqlite3
 
-from daemon.events import DETAIL_LIMIT, LINE_PATH_LIMIT
+from daemon.core.events import DETAIL_LIMIT, LINE_PATH_LIMIT
 from daemon.registry import WAL_LIMIT, Registry
 from tests.harness import wait_for
 

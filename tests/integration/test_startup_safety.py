@@ -14,7 +14,7 @@ import sqlite3
 
 import pytest
 
-from daemon.keeper_link import ProcessKeeper
+from daemon.keeper.link import ProcessKeeper
 from daemon.registry import Registry
 from gpumemctl import Client
 from gpumemctl.protocol import GpumemError

@@ -17,7 +17,7 @@ import tempfile
 
 import pytest
 
-from daemon.listing import PAGE_BYTES
+from daemon.core.listing import PAGE_BYTES
 from daemon.server.transport import MAX_ANSWER_BYTES
 from gpumemctl import Client
 from gpumemctl.protocol import GpumemError, framing

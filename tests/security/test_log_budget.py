@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from daemon.events import LineBudget
+from daemon.core.events import LineBudget
 from tests.harness import wait_for
 from tests.users import run_as
 

@@ -105,7 +105,7 @@ def _connect_with_groups(path: str, groups: list[int]) -> int:
 
 @pytest.mark.parametrize("count", [0, 3, 300])     # 300: past what one getsockopt() buffer holds
 def test_peer_groups_reads_the_peers_groups_from_the_socket(tmp_path, count):
-    from daemon.permissions import peer_groups
+    from daemon.core.permissions import peer_groups
     path = str(tmp_path / "s")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.keeper_link import ProcessKeeper
+from daemon.keeper.link import ProcessKeeper
 
 from .world import World
 

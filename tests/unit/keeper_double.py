@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 
-from daemon.keeper_link import KeeperGone
+from daemon.keeper.link import KeeperGone
 
 
 class KeptFds:

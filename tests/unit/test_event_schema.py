@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from daemon.events import DETAIL_LIMIT, LIST_LIMIT, SCHEMA, STRING_LIMIT, bound_detail
+from daemon.core.events import DETAIL_LIMIT, LIST_LIMIT, SCHEMA, STRING_LIMIT, bound_detail
 
 DAEMON = pathlib.Path(__file__).resolve().parents[2] / "daemon"
 EMITTERS = ("event", "_event", "note")   # Journal.event/note, Scrubber._event
@@ -85,7 +85,7 @@ def test_every_detail_fits_the_limit(kind, detail):
 def test_a_detail_a_client_reports_carries_no_text():
     """`close`'s `written` is the client's: numbers only, so a client's newline or ESC
     never becomes event text of its own (names are the daemon's, escaped when shown)."""
-    from daemon.events import CLIENT_REPORTED
+    from daemon.core.events import CLIENT_REPORTED
     assert CLIENT_REPORTED and all("str" not in SCHEMA[kind].values() for kind in CLIENT_REPORTED)
     forged = "\n     9 2026-01-01T00:00:00Z remove    /etc uid=0 \x1b]0;pwned\x07"
     assert bound_detail("write", {"offset": 0, "bytes": 5, "note": forged,

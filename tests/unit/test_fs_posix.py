@@ -13,9 +13,9 @@ import pyfuse3
 import pytest
 import trio
 
-from daemon.errno_map import errno_for
-from daemon.fs import Operations
-from daemon.namespace import DAEMON, RELATIME_NS
+from daemon.core.namespace import DAEMON, RELATIME_NS
+from daemon.fs.errno_map import errno_for
+from daemon.fs.operations import Operations
 from daemon.registry import ROOT_ID, SCHEMA_VERSION, Registry
 from daemon.verbs.plan import run_sync
 from gpumemctl.protocol import NoMemory
@@ -140,3 +140,9 @@ def test_too_big_for_any_device_is_efbig_and_not_now_is_enospc(m):
         run_sync(m.names.create("more", ROOT, size=150 * MiB))
     assert errno_for(exc.value) == errno.ENOSPC
     clean(m)
+
+
+def test_the_root_directory_is_fuses_root_inode():
+    """The mount answers the root by pyfuse3.ROOT_INODE (it reaches no registry constant):
+    the namespace's root node id must be that inode."""
+    assert ROOT_ID == pyfuse3.ROOT_INODE

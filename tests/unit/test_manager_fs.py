@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from daemon.errno_map import errno_for
-from daemon.namespace import NOW
-from daemon.permissions import Credentials
+from daemon.core.namespace import NOW
+from daemon.core.permissions import Credentials
+from daemon.fs.errno_map import errno_for
 from daemon.registry import ROOT_ID
 from daemon.verbs.plan import run_sync
 from gpumemctl.protocol import (

@@ -9,7 +9,7 @@ import types
 import pynvml
 import pytest
 
-from daemon import nvml
+from daemon.services import nvml
 
 UUID = "GPU-8f6a1c2e-0000-1111-2222-333344445555"
 

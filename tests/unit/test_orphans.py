@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.orphans import classify, entry_name, held
+from daemon.core.orphans import classify, entry_name, held
 
 ME, OTHER = "aaaa", "bbbb"
 

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from daemon.errno_map import errno_for
-from daemon.permissions import Credentials
+from daemon.core.permissions import Credentials
+from daemon.fs.errno_map import errno_for
 from daemon.verbs.plan import run_sync
 from gpumemctl.protocol import Exists, NoMemory, NotFound, PermissionDenied, UsageError
 from tests.sizes import MiB

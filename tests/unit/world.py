@@ -8,9 +8,9 @@ import dataclasses
 import os
 
 from daemon.backends.host import HostBackend
-from daemon.permissions import Credentials
+from daemon.compose import build, start
+from daemon.core.permissions import Credentials
 from daemon.registry import Registry
-from daemon.verbs.build import build, start
 from daemon.verbs.plan import KeeperWork, ParityWork
 from tests.sizes import MiB
 

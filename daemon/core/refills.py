@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from gpumemctl.protocol import UsageError
 
+from ..registry import Registry
 from .custody import Custody
 from .describe import describe
 from .integrity import Integrity
@@ -27,7 +28,6 @@ from .namespace import Namespace
 from .nodes import Allocation, Holder
 from .parity import BLOCK as ECC_BLOCK
 from .permissions import Credentials
-from .registry import Registry
 from .sessions import Session
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import time
 
 from gpumemctl.protocol import InternalError, round_up
 
-from .ecc.layout import (
+from ..ecc.layout import (
     BLOCK,
     CHECKSUM_BYTES,
     CLEAN,

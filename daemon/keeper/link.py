@@ -20,9 +20,9 @@ from typing import NoReturn
 
 from gpumemctl.protocol import framing
 
-from . import systemd
-from .keeper import NO_ROOM
-from .paths import open_own
+from .. import systemd
+from ..paths import open_own
+from .process import NO_ROOM
 
 # A keeper answers a call in well under a millisecond. One that takes seconds is stopped
 # (SIGSTOP, a debugger) or starved; the daemon's event loop must not wait on it for long,

@@ -9,7 +9,8 @@ import time
 
 from gpumemctl.protocol import InvalidState, UsageError, round_up
 
-from .backends import Backend
+from ..backends import Backend
+from ..registry import Registry
 from .custody import Custody
 from .holders import IO_KINDS, Holders
 from .integrity import Integrity
@@ -18,7 +19,6 @@ from .namespace import DAEMON, Namespace
 from .nodes import Allocation
 from .permissions import Credentials
 from .quotas import Quotas
-from .registry import Registry
 from .sessions import Session
 
 

@@ -16,10 +16,10 @@ import time
 
 from gpumemctl.protocol import Busy, NotFound
 
+from ..registry import Registry
 from .journal import Journal
 from .nodes import WRITER_KINDS, Allocation, Holder
 from .permissions import Credentials, administrative_uid
-from .registry import Registry
 from .sessions import Session
 
 # Holders that take part in "one writer or many readers": handles opened for I/O, and clients

@@ -16,7 +16,7 @@ from gpumemctl.protocol.replies import Node as NodeInfo
 from gpumemctl.protocol.replies import NodeCommon, SpecialType
 from gpumemctl.protocol.replies import Special as SpecialInfo
 
-from .ecc.layout import BLOCK
+from ..ecc.layout import BLOCK
 from .nodes import Allocation, Directory, Node, Special, Symlink
 from .permissions import Credentials, X, allowed
 from .usermeta import shown

@@ -39,8 +39,8 @@ from __future__ import annotations
 from gpumemctl.protocol import UsageError, name_from_bytes
 from gpumemctl.protocol.sizes import parse_size
 
-from .nodes import Allocation
-from .usermeta import key_bytes
+from ..core.nodes import Allocation
+from ..core.usermeta import key_bytes
 
 USER_PREFIX = b"user."
 PREFIX = "user.gpu."

@@ -11,6 +11,7 @@ import time
 
 from gpumemctl.protocol import InvalidState
 
+from ..registry import Registry
 from .custody import Custody, Deposit
 from .holders import IO_KINDS, MOUNT_KINDS, Holders
 from .integrity import Integrity
@@ -18,7 +19,6 @@ from .journal import Journal
 from .namespace import Namespace
 from .nodes import Allocation, Holder
 from .permissions import Credentials, require_owner
-from .registry import Registry
 
 
 class Lifecycle:

@@ -6,31 +6,31 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .. import usermeta
-from ..backends import Backend
-from ..creation import Creation
-from ..custody import Custody
-from ..holders import Holders
-from ..integrity import Integrity
-from ..journal import Journal
-from ..lifecycle import Lifecycle
-from ..namespace import Namespace
-from ..permissions import administrative_uid
-from ..quotas import Quotas
-from ..refills import Refills
-from ..registry import Registry
-from ..sizing import Sizing
-from . import Verbs
-from .checks import Checks
-from .data import DataVerbs
-from .durability import DurabilityVerbs
-from .handles import HandleVerbs
-from .metadata import MetadataVerbs
-from .names import NameVerbs
-from .queries import Queries
-from .refill import RefillVerbs, SnapshotRecords
-from .reports import Reports
-from .service import ServiceVerbs
+from .backends import Backend
+from .core import usermeta
+from .core.creation import Creation
+from .core.custody import Custody
+from .core.holders import Holders
+from .core.integrity import Integrity
+from .core.journal import Journal
+from .core.lifecycle import Lifecycle
+from .core.namespace import Namespace
+from .core.permissions import administrative_uid
+from .core.quotas import Quotas
+from .core.refills import Refills
+from .core.sizing import Sizing
+from .registry import Registry
+from .verbs import Verbs
+from .verbs.checks import Checks
+from .verbs.data import DataVerbs
+from .verbs.durability import DurabilityVerbs
+from .verbs.handles import HandleVerbs
+from .verbs.metadata import MetadataVerbs
+from .verbs.names import NameVerbs
+from .verbs.queries import Queries
+from .verbs.refill import RefillVerbs, SnapshotRecords
+from .verbs.reports import Reports
+from .verbs.service import ServiceVerbs
 
 
 @dataclasses.dataclass(frozen=True)

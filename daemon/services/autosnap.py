@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from .verbs.refill import RefillVerbs
+    from ..verbs.refill import RefillVerbs
 
 log = logging.getLogger("gpumemd")
 

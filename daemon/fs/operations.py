@@ -72,17 +72,17 @@ from gpumemctl.protocol import (
 )
 from gpumemctl.protocol.names import MAX_COMPONENT_BYTES
 
-from . import fs_cache, xattrs
-from .describe import describe
+from ..core.describe import describe
+from ..core.nodes import Allocation, Directory, Node, Special, Symlink
+from ..core.permissions import Credentials, R, W, X, allowed, require, supplementary_groups
+from ..core.sessions import Session
+from ..logbudget import CLIENT_UID
+from ..verbs import Verbs
+from ..verbs.plan import Plan, run
+from . import cache as fs_cache
+from . import xattrs
+from .cache import DATA, Invalidation, PageCache
 from .errno_map import errno_for
-from .fs_cache import DATA, Invalidation, PageCache
-from .logbudget import CLIENT_UID
-from .nodes import Allocation, Directory, Node, Special, Symlink
-from .permissions import Credentials, R, W, X, allowed, require, supplementary_groups
-from .registry import ROOT_ID
-from .sessions import Session
-from .verbs import Verbs
-from .verbs.plan import Plan, run
 
 log = logging.getLogger("gpumemd.fs")
 
@@ -374,7 +374,7 @@ class Operations(pyfuse3.Operations):
     # delivers them from a worker thread while this loop keeps answering the kernel.
     def entry_changed(self, parent_id: int, name: str) -> None:
         if self.mounted and not self._own_request and \
-                (parent_id == ROOT_ID or parent_id in self._known):
+                (parent_id == pyfuse3.ROOT_INODE or parent_id in self._known):
             self._stale.append((parent_id, name_bytes(name)))
 
     def attrs_changed(self, node_id: int) -> None:
@@ -400,8 +400,8 @@ class Operations(pyfuse3.Operations):
         cred, text = credentials(ctx), decode_name(name)
         if self._is_meta(parent_inode):
             return self._meta_lookup(parent_inode, text, cred)
-        if parent_inode == ROOT_ID and text == META_NAME:
-            return self._meta_attrs(self._node(ROOT_ID))
+        if parent_inode == pyfuse3.ROOT_INODE and text == META_NAME:
+            return self._meta_attrs(self._node(pyfuse3.ROOT_INODE))
         self._missing(parent_inode, name, text, cred)
         node = self.v.queries.lookup_child(parent_inode, text, cred)
         self._remember(node)

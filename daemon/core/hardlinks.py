@@ -21,10 +21,10 @@ from gpumemctl.protocol import (
     check_component,
 )
 
+from ..registry import Registry
 from .journal import Journal
 from .nodes import Allocation, Directory, Node, NodeTable, entry_path
 from .permissions import Credentials, R, W, X, administrative_uid, allowed, require
-from .registry import Registry
 
 MAX_LINKS = 65000                 # st_nlink of one file at most (EMLINK), as ext4's
 

@@ -27,10 +27,10 @@ import trio
 
 from gpumemctl.protocol import InvalidState, UsageError
 
-from .ecc.layout import BLOCK
-from .nodes import Allocation
-from .verbs import Verbs
-from .verbs.plan import run
+from ..core.nodes import Allocation
+from ..ecc.layout import BLOCK
+from ..verbs import Verbs
+from ..verbs.plan import run
 
 log = logging.getLogger("gpumemd")
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import contextlib
 
+from ..keeper.link import KeeperGone
+from ..registry import Registry, stored_name
 from .custody import Custody
-from .keeper_link import KeeperGone
 from .namespace import Namespace
 from .nodes import Allocation, kind_of
-from .registry import Registry, stored_name
 
 # Registry columns compared with the in-memory node; (column, attribute, to-db conversion).
 _FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),

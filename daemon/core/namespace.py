@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
 import time
 from collections.abc import Callable
 
@@ -33,6 +32,7 @@ from gpumemctl.protocol import (
 )
 from gpumemctl.protocol.replies import Node as NodeInfo
 
+from ..registry import ROOT_ID, Registry, loaded_name, stored_name
 from .describe import describe
 from .hardlinks import HardLinks
 from .journal import Journal
@@ -53,6 +53,7 @@ from .nodes import (
 )
 from .orphans import RECOVERY_DIR
 from .permissions import (
+    DAEMON,
     Credentials,
     R,
     W,
@@ -61,13 +62,10 @@ from .permissions import (
     may_remove_from,
     require,
 )
-from .registry import ROOT_ID, Registry, loaded_name, stored_name
 
 RESERVED_AT_ROOT = (".metadata",)   # the mount's read-only metadata view (daemon/fs.py)
 RELATIME_NS = 24 * 3600 * 10**9   # relatime: an access time older than this moves on a read
 NOW = "now"                       # setattr(mtime_ns=NOW): utimensat's UTIME_NOW
-# The daemon itself, as the owner of what it makes (re-registered orphans, /lost+found).
-DAEMON = Credentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 # The registry's `unsealed` column (registry.add_damage_table): read here to build nodes.
 SEALED, UNSEALED, WRITING = 0, 1, 2
 

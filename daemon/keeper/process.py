@@ -41,8 +41,8 @@ import time
 
 from gpumemctl.protocol import framing  # standard library only
 
-from .fdbudget import raise_open_file_limit  # standard library only
-from .paths import file_id, replace_file  # standard library only
+from ..core.fdbudget import raise_open_file_limit  # standard library only
+from ..paths import file_id, replace_file  # standard library only
 
 POLL_SECONDS = 2.0
 # Descriptors the keeper keeps for itself under its open-file limit: stdio, its log, its

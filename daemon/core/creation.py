@@ -14,8 +14,8 @@ import dataclasses
 from gpumemctl.protocol import UsageError, round_up, split_path
 from gpumemctl.protocol.defaults import DIR_MODE, FILE_MODE
 
+from ..backends import Backend, DeviceInfo
 from . import usermeta
-from .backends import Backend, DeviceInfo
 from .custody import Custody, Prepared
 from .holders import Holders
 from .integrity import Integrity

@@ -24,9 +24,9 @@ from typing import Any
 
 from gpumemctl.protocol import GpumemError, InternalError, NoMemory
 
+from ..registry import Registry
 from .events import LINE_PATH_LIMIT, LineBudget, bound_detail, cut
 from .permissions import administrative_uid
-from .registry import Registry
 
 log = logging.getLogger("gpumemd.manager")      # the event lines keep their logger name
 

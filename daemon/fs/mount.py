@@ -17,11 +17,11 @@ import subprocess
 import pyfuse3
 import trio
 
-from . import paths
-from .fs import Operations
-from .namespace import DAEMON
-from .verbs import Verbs
-from .verbs.plan import run_sync
+from .. import paths
+from ..core.permissions import DAEMON
+from ..verbs import Verbs
+from ..verbs.plan import run_sync
+from .operations import Operations
 
 log = logging.getLogger("gpumemd")
 SETTLE_SECONDS = 0.05

@@ -39,6 +39,9 @@ class Credentials:
         return gid == self.gid or gid in self.groups
 
 
+# The daemon itself, as the owner of what it makes (re-registered orphans, /lost+found) and
+# the credentials of the mount's own session.
+DAEMON = Credentials(pid=os.getpid(), uid=os.geteuid(), gid=os.getegid())
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)    # Linux >= 4.13
 GID = struct.calcsize("I")               # gid_t
 PY_BUFLEN = 1024                         # the most socket.getsockopt() reads: 256 groups

@@ -23,15 +23,15 @@ from typing import Any
 from gpumemctl.protocol import InvalidState, Uncorrectable, UsageError
 from gpumemctl.protocol.defaults import SNAPSHOT_BLOCK
 
-from .backends import Backend
+from ..backends import Backend
+from ..ecc.layout import BLOCK
+from ..registry import Registry
 from .describe import damaged_ranges
-from .ecc.layout import BLOCK
 from .journal import Journal
 from .namespace import SEALED, UNSEALED, WRITING
 from .nodes import Allocation
 from .parity import Parity, block_range, protected_blocks
 from .permissions import Credentials
-from .registry import Registry
 
 log = logging.getLogger("gpumemd")
 

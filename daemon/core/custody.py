@@ -26,17 +26,17 @@ from collections.abc import Callable
 
 from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory, round_up
 
-from .backends import Backend
-from .ecc.layout import BLOCK
+from ..backends import Backend
+from ..ecc.layout import BLOCK
+from ..keeper.link import FdStoreFull, KeeperGone, KeeperStalled
+from ..registry import Registry
 from .fdbudget import FdBudget, fds_for
 from .journal import Journal
-from .keeper_link import FdStoreFull, KeeperGone, KeeperStalled
 from .namespace import DAEMON, Namespace
 from .nodes import WRITER_KINDS, Allocation, Directory
 from .orphans import POLICIES, OrphansHeld, capacity_of, classify, entry_name, held
 from .parity import Parity
 from .permissions import Credentials
-from .registry import Registry
 
 log = logging.getLogger("gpumemd")
 

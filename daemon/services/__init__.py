@@ -1,0 +1,1 @@
+"""Background services the daemon runs beside the verbs: scrub, autosnap, NVML telemetry."""
