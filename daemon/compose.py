@@ -8,6 +8,7 @@ from typing import Any
 
 from .backends import Backend
 from .core import usermeta
+from .core.adoption import Adoption
 from .core.creation import Creation
 from .core.custody import Custody
 from .core.holders import Holders
@@ -43,6 +44,7 @@ class Core:
     ns: Namespace
     integrity: Integrity
     custody: Custody
+    adoption: Adoption
     holders: Holders
     quotas: Quotas
     meta_bounds: usermeta.Bounds
@@ -86,11 +88,12 @@ def build_core(registry: Registry, backend: Backend, keeper: Any, config: Config
     quotas = Quotas(ns.allocations, config.quotas, kept=holders.unlinked_held,
                     default=config.default_quota, exempt=administrative_uid)
     bounds = usermeta.Bounds(config.metadata_max_bytes, config.metadata_user_max_bytes,
-                             used=ns.metadata_used, exempt=administrative_uid)
+                             used=ns.metadata.used, exempt=administrative_uid)
     lifecycle = Lifecycle(registry, journal, ns, custody, integrity, holders)
     return Core(
-        registry, backend, keeper, journal, ns, integrity, custody, holders, quotas, bounds,
-        lifecycle,
+        registry, backend, keeper, journal, ns, integrity, custody,
+        Adoption(registry, journal, backend, keeper, ns, integrity.parity, custody),
+        holders, quotas, bounds, lifecycle,
         Sizing(registry, journal, ns, backend, custody, integrity, holders, quotas),
         Creation(journal, ns, backend, custody, integrity, holders, quotas, bounds,
                  config.default_ecc),
@@ -116,7 +119,8 @@ def build_verbs(c: Core, config: Config) -> Verbs:
                         c.quotas),
         checks=Checks(c.registry, c.keeper, c.ns, c.custody, c.integrity,
                       fault_injection=config.fault_injection),
-        service=ServiceVerbs(c.registry, c.journal, c.ns, c.custody, c.integrity, c.keeper))
+        service=ServiceVerbs(c.registry, c.journal, c.ns, c.custody, c.adoption, c.integrity,
+                             c.keeper))
 
 
 def start(verbs: Verbs, orphans: str = "refuse") -> dict:

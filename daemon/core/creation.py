@@ -105,7 +105,7 @@ class Creation:
                 request: Request) -> Prepared:
         """A durable allocation's memory, parity and id, before its row: the keeper takes its
         deposit (custody.handover) while the loop goes on."""
-        return self.custody.prepare(self.ns.reserve_ids(len(new.missing) + 1), cred,
+        return self.custody.prepare(self.ns.ids.reserve(len(new.missing) + 1), cred,
                                     request.mode, request.size, new.device, new.capacity,
                                     new.ecc, label=path)
 
@@ -132,7 +132,7 @@ class Creation:
                     node_id=prepared.alloc.id if prepared else None,
                     parity=prepared.alloc.parity if prepared else None)
                 if new.entries:
-                    self.ns.replace_metadata(alloc, new.entries)
+                    self.ns.metadata.replace(alloc, new.entries)
                 if prepared is None:
                     self.integrity.protect_new(alloc)
                     if durable:

@@ -1,4 +1,5 @@
-"""`ls` by pages (issue 24): a listing of any size in answers of bounded size.
+"""`ls`: in one answer (listdir), or by pages (list_page, issue 24), which bring a listing
+of any size in answers of bounded size.
 
 One answer is at most 64 MiB (daemon/server/transport.py), and one user's tree can take more
 than that to list (long paths, names whose bytes JSON spells six characters each), which made
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from gpumemctl.protocol import UsageError, jsontext, name_bytes, name_from_bytes
+from gpumemctl.protocol import UsageError, jsontext, name_bytes, name_from_bytes, split_path
 from gpumemctl.protocol.defaults import EVENTS_MAX_LIMIT
 from gpumemctl.protocol.names import MAX_PATH_BYTES
 from gpumemctl.protocol.replies import Node as NodeInfo
@@ -32,7 +33,7 @@ from gpumemctl.protocol.replies import Node as NodeInfo
 from .describe import describe
 from .namespace import Namespace
 from .nodes import Directory, Node, walk_entries
-from .permissions import Credentials, R, X, require
+from .permissions import Credentials, R, X, allowed, require
 
 PAGE_BYTES = 8 << 20        # JSON of one page's entries: well under the 64 MiB of an answer
 PAGE_ENTRIES = EVENTS_MAX_LIMIT     # entries of a page that asks for no `limit` (the most)
@@ -40,15 +41,32 @@ PAGE_ENTRIES = EVENTS_MAX_LIMIT     # entries of a page that asks for no `limit`
 Entry = tuple[str, str, Node]       # (path, name, node), as walk_entries yields them
 
 
+def listdir(ns: Namespace, path: str, cred: Credentials, *, recursive: bool = False
+            ) -> list[NodeInfo]:
+    """`ls PATH` in one answer: the entries below a directory, pre-order, each under its
+    own name (a hard-linked file once per name), with `recursive` in every directory the
+    caller may list; or the one node PATH names. The last component is not followed: `ls
+    LINK` shows the link, as `ls -l` does."""
+    node = ns.lookup(path, cred, allow_root=True, follow=False)
+    if not isinstance(node, Directory):
+        parts = split_path(path)      # a hard link is listed under the name asked for
+        return [describe(node, path="/".join(parts), name=parts[-1])]
+    require(node, cred, R | X, "list")
+
+    def enter(d: Directory) -> bool:    # walk_entries: no recursion, a chain may be deep
+        return d is node or (recursive and allowed(d, cred, R | X))
+    return [describe(n, path=p, name=name) for p, name, n in walk_entries(node, enter)]
+
+
 def list_page(ns: Namespace, path: str, cred: Credentials, *, recursive: bool,
               after: str | None, limit: int | None) -> tuple[list[NodeInfo], str | None]:
-    """The entries of `path` (as Namespace.listdir gives them) that come after the cursor
+    """The entries of `path` (as listdir gives them) that come after the cursor
     `after` (None: from the first), at most `limit` (None: PAGE_ENTRIES) and PAGE_BYTES of
     JSON, and the cursor of the next page (None: this one is the last)."""
     limit = PAGE_ENTRIES if limit is None else limit
     top = ns.lookup(path, cred, allow_root=True, follow=False)
     if not isinstance(top, Directory):
-        return ns.listdir(path, cred), None          # one entry: the node itself
+        return listdir(ns, path, cred), None          # one entry: the node itself
     require(top, cred, R | X, "list")
 
     def enter(d: Directory) -> bool:
@@ -56,7 +74,7 @@ def list_page(ns: Namespace, path: str, cred: Credentials, *, recursive: bool,
             return True
         # A child's path is this one's, "/" and a name: it must leave room for them.
         return recursive and len(name_bytes(d.path)) < MAX_PATH_BYTES - 1 \
-            and ns.allowed(d, cred, R | X)
+            and allowed(d, cred, R | X)
 
     entries: list[NodeInfo] = []
     size = 0

@@ -45,14 +45,14 @@ class Node:
     modified_ns: int
     changed_ns: int
     accessed_ns: int | None = None   # last access (utimensat, or a read by the relatime
-                                     # rule: Namespace.note_access); None when
+                                     # rule: ns.attributes.note_access); None when
                                      # made: the modification time
     # Hard links: the node's names beyond (parent, name), each (directory, name), in the
     # order they were made (the registry's `links` rows). Directories never have any.
     aliases: Aliases = dataclasses.field(default_factory=lambda: Aliases())
     # User metadata (daemon/usermeta.py): key -> value, both bytes; the registry's
     # `metadata` rows. Only allocations and directories carry any. `metadata_bytes` is
-    # usermeta.size_of(metadata), kept as it changes (Namespace.set_metadata).
+    # usermeta.size_of(metadata), kept as it changes (ns.metadata.set).
     metadata: dict[bytes, bytes] = dataclasses.field(default_factory=dict)
     metadata_bytes: int = 0
 

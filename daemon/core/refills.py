@@ -84,7 +84,7 @@ class Refills:
         elif alloc.kept:
             with self.journal.change(durable=True):
                 self.custody.deposit(alloc)
-        self.ns.data_changed(alloc)
+        self.ns.watchers.data_changed(alloc)
         return describe(alloc, holders=True)
 
     def abort(self, session: Session, holder: Holder) -> None:

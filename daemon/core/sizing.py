@@ -15,9 +15,9 @@ from .custody import Custody
 from .holders import IO_KINDS, Holders
 from .integrity import Integrity
 from .journal import Journal
-from .namespace import DAEMON, Namespace
+from .namespace import Namespace
 from .nodes import Allocation
-from .permissions import Credentials
+from .permissions import DAEMON, Credentials
 from .quotas import Quotas
 from .sessions import Session
 
@@ -109,7 +109,7 @@ class Sizing:
                                old_size=old_size)
         self._dirty.discard(alloc.id)
         self.integrity.changed_all(alloc)      # a resize moves or zeroes bytes
-        self.ns.attrs_changed(alloc)
+        self.ns.watchers.attrs_changed(alloc)
 
     def _commit_capacity(self, alloc: Allocation, capacity: int) -> None:
         """Record a trimmed capacity. The bytes and the size are what they were, so no time
@@ -123,7 +123,7 @@ class Sizing:
             self.journal.event("resize", alloc, DAEMON, size=alloc.size, capacity=capacity,
                                old_size=alloc.size)
         self.integrity.changed_all(alloc)      # new memory: what tracked changes say goes
-        self.ns.attrs_changed(alloc)
+        self.ns.watchers.attrs_changed(alloc)
 
     # ---- size and times changed in memory by writes -------------------------------------------
     def note_unflushed(self, alloc: Allocation) -> None:

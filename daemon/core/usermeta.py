@@ -4,7 +4,7 @@ Any allocation or directory may carry small key-value pairs (`gpumemctl meta`, t
 `meta_*` ops, `user.KEY` extended attributes on the mount, `info`'s `metadata`). They belong
 to the node, so a hard link's names share them; symbolic links and special files carry none.
 The namespace keeps them on the nodes and in the registry's `metadata` table
-(daemon/namespace.py); this module says what may be stored and how much:
+(daemon/core/namespace/metadata.py); this module says what may be stored and how much:
 
 - a key is 1 to MAX_KEY_BYTES bytes (so that `user.` + key fits the 255 bytes the kernel
   allows an attribute name), with no NUL, and does not start with `gpu.`: the mount's
@@ -128,7 +128,7 @@ class Bounds:
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
                  user_max_bytes: int = DEFAULT_USER_MAX_BYTES, *,
                  used: Callable[[int], int], exempt: Callable[[int], bool]):
-        """`used(uid)`: what uid's nodes hold now (Namespace.metadata_used); `exempt(uid)`:
+        """`used(uid)`: what uid's nodes hold now (ns.metadata.used); `exempt(uid)`:
         true for the uids no per-user bound binds (permissions.administrative_uid)."""
         self.max_bytes, self.user_max_bytes = max_bytes, user_max_bytes
         self.used, self.exempt = used, exempt

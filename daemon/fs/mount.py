@@ -145,8 +145,8 @@ class Mount:
         except RuntimeError as exc:
             raise MountError(f"cannot mount {self.path}: {exc} (is /dev/fuse there, and "
                              "fusermount3 installed?)") from None
-        self.verbs.reports.add_watcher(self.ops)
-        self.ops.mounted = True
+        self.verbs.reports.add_watcher(self.ops.kernel)
+        self.ops.kernel.mounted = True
         log.info("mounted %s", self.path)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -166,7 +166,7 @@ class Mount:
         the kernel here."""
         while True:
             await trio.sleep(SETTLE_SECONDS)
-            await self.ops.settle()
+            await self.ops.kernel.settle()
 
     async def _tune_readahead(self) -> None:
         """Raise the kernel's readahead once it has our INIT reply, which sets it to the
@@ -176,10 +176,10 @@ class Mount:
         set_read_ahead(self.path, READ_AHEAD_KB)
 
     def close(self) -> None:
-        if not self.ops.mounted:
+        if not self.ops.kernel.mounted:
             return
-        self.ops.mounted = False
-        self.verbs.reports.remove_watcher(self.ops)
+        self.ops.kernel.mounted = False
+        self.verbs.reports.remove_watcher(self.ops.kernel)
         pyfuse3.close(unmount=True)
         run_sync(self.verbs.handles.end_session(self.session))   # after the loop: in one go
         log.info("unmounted %s", self.path)

@@ -36,14 +36,27 @@ Errors, as Linux filesystems answer them (docs/mount.md has the full table):
 """
 from __future__ import annotations
 
+import errno
+import logging
+from collections.abc import Callable
+from typing import TypeGuard
+
+import pyfuse3
+
 from gpumemctl.protocol import UsageError, name_from_bytes
 from gpumemctl.protocol.sizes import parse_size
 
-from ..core.nodes import Allocation
+from ..core.nodes import Allocation, Directory, Node
+from ..core.permissions import Credentials
+from ..core.sessions import Session
 from ..core.usermeta import key_bytes
+from ..verbs import Verbs
+
+log = logging.getLogger("gpumemd.fs")
 
 USER_PREFIX = b"user."
 PREFIX = "user.gpu."
+OUR_PREFIX = PREFIX.encode()
 WRITABLE = ("size", "durable")
 READ_ONLY = ("capacity", "device", "state", "refcount", "ecc", "id")
 NAMES = WRITABLE + READ_ONLY
@@ -97,3 +110,78 @@ def parse_durable_value(raw: bytes) -> bool:
         raise UsageError(f"invalid value {text!r} for {PREFIX}durable: expected "
                          "true/false/1/0/yes/no")
     return TRUE_WORDS[text.lower()]
+
+
+def _has_user_key(node: Node | None, name: bytes) -> TypeGuard[Allocation | Directory]:
+    """Whether `name` is a user.KEY of a node that has user metadata."""
+    return name.startswith(USER_PREFIX) and not name.startswith(OUR_PREFIX) and \
+        isinstance(node, (Allocation, Directory))
+
+
+class Xattrs:
+    """The mount's xattr requests over the verbs: ours answered from the allocation, user.KEY
+    through the metadata verbs. `node` is None for a .metadata inode, which has none.
+
+    The kernel has checked the permission of a user.* name before it asks
+    (default_permissions: read to get, write to set or remove, the owner for a sticky
+    directory; EPERM for a set on anything but a file or a directory), so the verb is told
+    so. XATTR_CREATE and XATTR_REPLACE reach us as a getxattr before the setxattr (pyfuse3
+    does that, in one task: nothing runs between)."""
+
+    def __init__(self, verbs: Verbs, session: Session,
+                 truncated: Callable[[Node, Credentials], None]):
+        """`truncated`: what follows a resize (`user.gpu.size`, a truncate): the set-id bits
+        dropped (Files.drop_setid)."""
+        self.v = verbs
+        self.session = session
+        self.truncated = truncated
+
+    def get(self, node: Node | None, name: bytes, cred: Credentials) -> bytes:
+        if not name.startswith(OUR_PREFIX):
+            if not isinstance(node, (Allocation, Directory)):
+                raise pyfuse3.FUSEError(errno.ENODATA)
+            return self.v.metadata.metadata_value(node, metadata_key(name), cred,
+                                                  authorised=True)
+        short = short_name(name)
+        if not isinstance(node, Allocation) or short not in NAMES:
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        return value_of(node, short).encode()
+
+    def names(self, node: Node | None) -> list[bytes]:
+        """Ours (of an allocation), then the user metadata's keys."""
+        ours = [(PREFIX + n).encode() for n in NAMES] if isinstance(node, Allocation) else []
+        if not isinstance(node, (Allocation, Directory)):
+            return ours
+        return ours + [USER_PREFIX + key for key in sorted(node.metadata)]
+
+    def set(self, node: Node | None, name: bytes, value: bytes, cred: Credentials) -> None:
+        if _has_user_key(node, name):
+            self.v.metadata.set_metadata(node, metadata_key(name), value, cred,
+                                         authorised=True)
+            return
+        short = short_name(name)
+        if not isinstance(node, Allocation) or short not in NAMES:
+            raise pyfuse3.FUSEError(errno.ENOTSUP)
+        try:
+            if short == "size":
+                self.v.data.resize(node, cred, parse_size_value(value), session=self.session)
+                self.truncated(node, cred)             # a resize is a truncate
+            elif short == "durable":
+                self.v.durability.set_durable_node(node, cred, parse_durable_value(value))
+            elif value.rstrip(b"\0\n") != value_of(node, short).encode():
+                raise pyfuse3.FUSEError(errno.EPERM)         # read-only
+        except UsageError as exc:
+            log.info("setxattr %s on '%s' refused: %s", name.decode(errors="replace"),
+                     node.path, exc)
+            raise
+
+    def remove(self, node: Node | None, name: bytes, cred: Credentials) -> None:
+        if _has_user_key(node, name):
+            self.v.metadata.remove_metadata(node, metadata_key(name), cred, authorised=True)
+            return
+        short = short_name(name)
+        if not isinstance(node, Allocation) or short not in NAMES:
+            raise pyfuse3.FUSEError(errno.ENODATA)
+        if short != "durable":
+            raise pyfuse3.FUSEError(errno.EPERM)
+        self.v.durability.set_durable_node(node, cred, False)

@@ -41,7 +41,7 @@ class Checks:
 
     def ecc_targets(self, paths: list[str], cred: Credentials, everything: bool
                     ) -> list[Allocation]:
-        return self.ns.ecc_targets(paths, cred, everything)
+        return self.ns.reports.ecc_targets(paths, cred, everything)
 
     def verify(self, alloc: Allocation, repair: bool, first_block: int = 0) -> Plan[dict]:
         """Verify (and repair) piece by piece (Integrity.verify_steps), breathing between
@@ -49,7 +49,7 @@ class Checks:
         of the old ones (the mount's pages) is dropped."""
         total = yield from _breathing(self.integrity.verify_steps(alloc, repair, first_block))
         if total.get("corrected") and not alloc.unlinked:
-            self.ns.data_changed(alloc)
+            self.ns.watchers.data_changed(alloc)
         return total
 
     def corrupt(self, path: str, cred: Credentials, offset: int, length: int,
@@ -66,7 +66,7 @@ class Checks:
         self.custody.require_memory(alloc)
         result = self.integrity.corrupt(alloc, cred, offset, length, pattern, parity)
         if not parity:
-            self.ns.data_changed(alloc)      # the mount reads the damage, as the socket does
+            self.ns.watchers.data_changed(alloc)  # the mount reads the damage, as the socket does
         return result
 
     # ---- check (daemon/check.py) ----------------------------------------------------------------

@@ -11,9 +11,9 @@ from ..backends import Backend
 from ..core.custody import Custody
 from ..core.integrity import Integrity
 from ..core.journal import Journal
-from ..core.namespace import DAEMON, NOW, Namespace
+from ..core.namespace import NOW, Namespace
 from ..core.nodes import Allocation
-from ..core.permissions import Credentials, R, W, require
+from ..core.permissions import DAEMON, Credentials, R, W, require
 from ..core.quotas import Quotas
 from ..core.sessions import Session
 from ..core.sizing import Sizing
@@ -48,7 +48,7 @@ class DataVerbs:
         before = alloc.size, alloc.capacity
         self.sizing.resize(alloc, cred, size, session)
         if (alloc.size, alloc.capacity) != before:
-            self.ns.data_changed(alloc)      # a cache of its pages must follow the new size
+            self.ns.watchers.data_changed(alloc)  # a cache of its pages must follow the new size
         return alloc
 
     def truncate_on_open(self, alloc: Allocation, cred: Credentials,
@@ -58,8 +58,8 @@ class DataVerbs:
         before = alloc.modified_ns
         self.resize(alloc, cred, 0, session=session, authorised=True)
         if alloc.modified_ns == before:            # it was empty: nothing changed
-            self.ns.setattr(alloc.id, cred, charge=self.quotas.check, mtime_ns=NOW,
-                            authorised=True)
+            self.ns.attributes.setattr(alloc.id, cred, charge=self.quotas.check, mtime_ns=NOW,
+                                       authorised=True)
 
     # ---- bytes ----------------------------------------------------------------------------
     def write_at(self, alloc: Allocation, offset: int, data, cred: Credentials | None = None,
@@ -94,7 +94,7 @@ class DataVerbs:
                 self.backend.zero(alloc.buffer, alloc.size, offset)
                 self.integrity.changed(alloc, alloc.size, offset)
             alloc.size = end
-            self.ns.attrs_changed(alloc)
+            self.ns.watchers.attrs_changed(alloc)
             self.journal.node_changed(alloc)
             return
         spare = None

@@ -81,7 +81,7 @@ class HandleVerbs:
                                       else self.integrity.job_all(alloc))
                 self.integrity.changed_all(alloc)    # it never said what it wrote
             if holder.kind in WRITER_KINDS and not alloc.unlinked:
-                self.ns.data_changed(alloc)   # whatever it wrote before it went
+                self.ns.watchers.data_changed(alloc)   # whatever it wrote before it went
             if holder.kind == "attach-w" and alloc.unsealed and not alloc.unlinked:
                 with self.journal.change(durable=False):
                     self.journal.event("unsealed", alloc, session.cred, reason="the attached "
@@ -174,7 +174,7 @@ class HandleVerbs:
         if holder.kind == "write" and not alloc.unlinked:
             self.integrity.finish(job)
             self.integrity.note_close_written(alloc, written)
-            self.ns.data_changed(alloc)       # written through its fd: the mount's cache goes
+            self.ns.watchers.data_changed(alloc)  # written through its fd: the mount's cache goes
             if written:
                 with self.journal.change(durable=False):
                     self.journal.keep(alloc, "modified_ns", "changed_ns")
@@ -215,7 +215,7 @@ class HandleVerbs:
         alloc = holder.alloc
         if holder.kind == "attach-w" and not alloc.unlinked:
             self._seal(alloc, session.cred, "detach", job)
-            self.ns.data_changed(alloc)
+            self.ns.watchers.data_changed(alloc)
         self.lifecycle.remove_holder(holder)
         return {"info": describe(alloc, cred=session.cred)}
 
@@ -232,7 +232,7 @@ class HandleVerbs:
         yield ParityWork(job)
         alloc = self._sealable(path, cred, session)
         self._seal(alloc, cred, "seal", job)
-        self.ns.data_changed(alloc)           # what the writer wrote is what readers get now
+        self.ns.watchers.data_changed(alloc)  # what the writer wrote is what readers get now
         return describe(alloc, holders=True, cred=cred)
 
     def _sealable(self, path: str, cred: Credentials, session: Session) -> Allocation:

@@ -88,7 +88,7 @@ class MetadataVerbs:
             (len(key) + len(old) if old is not None else 0)
         self.bounds.check(node.path or "/", node.uid, node.metadata_bytes, after)
         with self.journal.change(**_metadata_commit(node)):
-            self.ns.set_metadata(node, key, value)
+            self.ns.metadata.set(node, key, value)
             self.journal.event("meta", node, cred, action="set", key=shown, bytes=len(value))
 
     def remove_metadata(self, node: Node, key: bytes, cred: Credentials, *,
@@ -99,7 +99,7 @@ class MetadataVerbs:
             raise NotFound(f"no metadata key '{name_from_bytes(key)}' on '{node.path or '/'}'",
                            details={"errno": "ENODATA"})
         with self.journal.change(**_metadata_commit(node)):
-            self.ns.set_metadata(node, key, None)
+            self.ns.metadata.set(node, key, None)
             self.journal.event("meta", node, cred, action="rm", key=name_from_bytes(key))
 
     def _require_metadata_write(self, node: Node, cred: Credentials, authorised: bool) -> None:

@@ -24,6 +24,7 @@ from ..core.journal import Journal
 from ..core.lifecycle import Lifecycle
 from ..core.links import check_target
 from ..core.namespace import Namespace, check_mode
+from ..core.namespace.rules import has_durable, removal_order, require_removable
 from ..core.nodes import SPECIAL_KINDS, Allocation, Directory, Node, Special, Symlink, entry_path
 from ..core.permissions import Credentials, R, W, X, require
 from ..core.quotas import Quotas
@@ -120,7 +121,7 @@ class NameVerbs:
         if isinstance(node, Directory) and not recursive:
             raise UsageError(f"'{node.path}' is a directory; use -r to remove it and its "
                              "contents")
-        doomed = self.ns.removal_order(parent, name, node, cred)
+        doomed = removal_order(parent, name, node, cred)
         names_going = collections.Counter(n.id for _, _, n in doomed)
         last = {n.id: n for _, _, n in doomed if names_going[n.id] >= n.nlink}
         if not force:
@@ -134,7 +135,7 @@ class NameVerbs:
                                  not any(a.durable for a in allocs)):
             for directory, victim_name, victim in doomed:
                 removed = entry_path(directory, victim_name)
-                if self.ns.drop_name(directory, victim_name, victim):
+                if self.ns.hardlinks.drop_name(directory, victim_name, victim):
                     self.journal.event("remove", victim, cred, force=force)
                     if isinstance(victim, Allocation):
                         freed.append(victim)
@@ -166,18 +167,18 @@ class NameVerbs:
 
     def rename(self, src_parent_id: int, src_name: str, dst_parent_id: int, dst_name: str,
                cred: Credentials, *, replace: bool = True) -> Node:
-        """rename(2) (Namespace.move). A replaced allocation goes as with remove(force=True):
+        """rename(2) (ns.renames.move). A replaced allocation goes as with remove(force=True):
         its memory is freed now, or by its last holder."""
-        node, replaced = self.ns.move(src_parent_id, src_name, dst_parent_id, dst_name, cred,
-                                      replace=replace)
+        node, replaced = self.ns.renames.move(src_parent_id, src_name, dst_parent_id, dst_name,
+                                              cred, replace=replace)
         if isinstance(replaced, Allocation):
             self.lifecycle.release_memory(replaced)
         return node
 
     def exchange(self, src_parent_id: int, src_name: str, dst_parent_id: int, dst_name: str,
                  cred: Credentials) -> tuple[Node, Node]:
-        """renameat2(RENAME_EXCHANGE) (Namespace.exchange): nothing is freed."""
-        return self.ns.exchange(src_parent_id, src_name, dst_parent_id, dst_name, cred)
+        """renameat2(RENAME_EXCHANGE) (ns.renames.exchange): nothing is freed."""
+        return self.ns.renames.exchange(src_parent_id, src_name, dst_parent_id, dst_name, cred)
 
     def unlink_child(self, parent_id: int, name: str, cred: Credentials) -> None:
         """unlink(2): the name goes now; an allocation's memory now or with its last holder.
@@ -186,12 +187,12 @@ class NameVerbs:
         if isinstance(node, Directory):
             raise UsageError(f"'{node.path}' is a directory", details={"errno": "EISDIR"})
         parent = self.ns.directory(parent_id)
-        self.ns.require_removable(parent, node, cred)
+        require_removable(parent, node, cred)
         durable = isinstance(node, Allocation) and node.durable
         with self.journal.change(durable=durable, batch=isinstance(node, Allocation)
                                  and not durable):
             removed = entry_path(parent, name)
-            if not self.ns.drop_name(parent, name, node):
+            if not self.ns.hardlinks.drop_name(parent, name, node):
                 self.journal.event("remove", node, cred, force=True, name=removed,
                                    links_left=node.nlink)
                 return
@@ -207,7 +208,7 @@ class NameVerbs:
         if node.children:
             raise Exists(f"directory '{node.path}' is not empty",
                          details={"errno": "ENOTEMPTY"})
-        self.ns.require_removable(node.parent, node, cred)
+        require_removable(node.parent, node, cred)
         with self.journal.change(durable=False):
             self.ns.forget(node)
             self.journal.event("remove", node, cred)
@@ -232,8 +233,8 @@ class NameVerbs:
 
     def _add_name(self, node: Node, parent: Directory, name: str, cred: Credentials) -> None:
         # A durable allocation's new name must survive a power cut as the allocation does.
-        with self.journal.change(durable=self.ns.has_durable(node)):
-            self.ns.add_name(node, parent, name, cred)
+        with self.journal.change(durable=has_durable(node)):
+            self.ns.hardlinks.add_name(node, parent, name, cred)
             self.journal.event("link", node, cred, name=entry_path(parent, name),
                                links=node.nlink)
 
@@ -290,9 +291,9 @@ class NameVerbs:
 
     # ---- attributes -----------------------------------------------------------------------
     def setattr(self, node_id: int, cred: Credentials, **changes) -> Node:
-        """chmod / chown / utimens (Namespace.setattr); a new owner's quota is checked."""
-        return self.ns.setattr(node_id, cred, charge=self.quotas.check, **changes)
+        """chmod / chown / utimens (ns.attributes.setattr); a new owner's quota is checked."""
+        return self.ns.attributes.setattr(node_id, cred, charge=self.quotas.check, **changes)
 
     def note_access(self, node: Node) -> None:
-        """The access time, by the relatime rule (Namespace.note_access)."""
-        self.ns.note_access(node)
+        """The access time, by the relatime rule (ns.attributes.note_access)."""
+        self.ns.attributes.note_access(node)

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..core.describe import describe
-from ..core.listing import list_page
+from ..core.listing import list_page, listdir
 from ..core.namespace import Namespace
+from ..core.namespace.rules import may_search_to
 from ..core.nodes import WRITER_KINDS, Allocation, Directory, Node
-from ..core.permissions import Credentials, R
+from ..core.permissions import Credentials, R, allowed
 
 if TYPE_CHECKING:
     from gpumemctl.protocol.replies import Node as NodeInfo
@@ -37,12 +38,12 @@ class Queries:
         metadata (the metadata only for a caller who may read the node: null otherwise, as
         meta_list would refuse it)."""
         node = self.ns.lookup(path, cred, allow_root=True)
-        return describe(node, holders=True, metadata=self.ns.allowed(node, cred, R),
+        return describe(node, holders=True, metadata=allowed(node, cred, R),
                         cred=cred)
 
     def listdir(self, path: str, cred: Credentials, *, recursive: bool = False
                 ) -> list[NodeInfo]:
-        return self.ns.listdir(path, cred, recursive=recursive)
+        return listdir(self.ns, path, cred, recursive=recursive)
 
     def list_page(self, path: str, cred: Credentials, *, recursive: bool, after: str | None,
                   limit: int | None) -> tuple[list[NodeInfo], str | None]:
@@ -67,13 +68,13 @@ class Queries:
         return self.ns.allocations()
 
     def may_search_to(self, node: Node, cred: Credentials) -> bool:
-        return self.ns.may_search_to(node, cred)
+        return may_search_to(node, cred)
 
     def cache_generation(self, alloc: Allocation) -> int | None:
         """What a cache of the allocation's bytes (the mount's page cache) may be kept
         for: its data generation, which moves at every change made other than through the
-        mount (Namespace.data_changed); None while a socket client holds it for writing
+        mount (ns.watchers.data_changed); None while a socket client holds it for writing
         (open rw, attach rw), whose writes land in the memory unannounced."""
         if alloc.holders_of(*WRITER_KINDS):
             return None
-        return self.ns.data_generation(alloc)
+        return self.ns.watchers.data_generation(alloc)

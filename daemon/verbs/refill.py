@@ -144,7 +144,7 @@ class RefillVerbs:
             self.registry.nodes.update(alloc.id, state="lost")
             self.journal.event("restore", alloc, cred, action="begin")
             if metadata is not None and metadata != alloc.metadata:
-                self.ns.replace_metadata(alloc, metadata)
+                self.ns.metadata.replace(alloc, metadata)
                 self.journal.event("meta", alloc, cred, action="replace", keys=len(metadata))
         self.journal.node_changed(alloc)
 

@@ -37,10 +37,10 @@ class Reports:
         return self.backend.devices()
 
     def bytes_held_per_device(self) -> dict[str, int]:
-        return self.ns.bytes_held_per_device()
+        return self.ns.reports.bytes_held_per_device()
 
     def totals(self) -> dict:
-        return self.ns.totals(sessions=len(self.holders.sessions))
+        return self.ns.reports.totals(sessions=len(self.holders.sessions))
 
     def quota_report(self, uid: int | None = None) -> list[dict]:
         """Each per-uid limit with its use (only `uid`'s, when given)."""
@@ -73,13 +73,13 @@ class Reports:
 
     def add_watcher(self, watcher) -> None:
         """The mount's Operations: told of changes the kernel must hear of."""
-        self.ns.add_watcher(watcher)
+        self.ns.watchers.add(watcher)
 
     def remove_watcher(self, watcher) -> None:
-        self.ns.remove_watcher(watcher)
+        self.ns.watchers.remove(watcher)
 
     async def settle_watchers(self) -> None:
-        await self.ns.settle_watchers()
+        await self.ns.watchers.settle()
 
     # ---- the scrubber's state ------------------------------------------------------------------
     def meta(self, key: str) -> str | None:

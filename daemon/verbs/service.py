@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.adoption import Adoption
 from ..core.custody import Custody
 from ..core.integrity import Integrity
 from ..core.journal import Journal
@@ -14,20 +15,21 @@ from ..registry import Registry
 
 class ServiceVerbs:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
-                 custody: Custody, integrity: Integrity, keeper: Any):
+                 custody: Custody, adoption: Adoption, integrity: Integrity, keeper: Any):
         """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper_link.py)."""
         self.registry = registry
         self.journal = journal
         self.ns = namespace
         self.custody = custody
+        self.adoption = adoption
         self.integrity = integrity
         self.keeper = keeper
 
     def start(self, orphans: str = "refuse") -> dict:
         """Load the registry, re-adopt durable memory from the keeper, drop what is stale
-        (Custody.reconcile_at_start says how, and what `orphans` decides)."""
+        (Adoption.reconcile_at_start says how, and what `orphans` decides)."""
         self.ns.load()
-        return self.custody.reconcile_at_start(orphans, self.integrity.settle)
+        return self.adoption.reconcile_at_start(orphans, self.integrity.settle)
 
     def shutdown(self) -> None:
         """Clean stop: transient memory goes, durable memory stays with the keeper."""
@@ -43,8 +45,8 @@ class ServiceVerbs:
 
     def reconcile_keeper(self) -> tuple[int, int]:
         """After a stall: the keeper holds exactly the durable allocations again."""
-        return self.custody.reconcile_keeper()
+        return self.adoption.reconcile_keeper()
 
     def redeposit_all(self, action: str = "restarted") -> int:
         """After a keeper restart: it gets every durable allocation's fds again."""
-        return self.custody.redeposit_all(action)
+        return self.adoption.redeposit_all(action)

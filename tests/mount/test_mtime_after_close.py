@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from daemon.fs.operations import ENTRY_TIMEOUT
+from daemon.fs.attrs import ENTRY_TIMEOUT
 from tests.harness import wait_for
 
 from .posix import MiB, pattern

@@ -13,7 +13,8 @@ import pyfuse3
 import pytest
 import trio
 
-from daemon.core.namespace import DAEMON, RELATIME_NS
+from daemon.core.namespace import RELATIME_NS
+from daemon.core.permissions import DAEMON
 from daemon.fs.errno_map import errno_for
 from daemon.fs.operations import Operations
 from daemon.registry import ROOT_ID, SCHEMA_VERSION, Registry

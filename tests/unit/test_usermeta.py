@@ -22,7 +22,7 @@ BOB = Credentials(pid=os.getpid(), uid=1001, gid=1001)
 
 
 def used(m, uid: int) -> int:
-    return m.ns.metadata_used(uid)
+    return m.ns.metadata.used(uid)
 
 
 @pytest.mark.parametrize("key, words", [
