@@ -5,8 +5,14 @@ the keeper agree (`check` is clean), what a user sees is what it was before, and
 change works (service goes on once space returns)."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import itertools
+import os
 import sqlite3
+import stat
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -53,14 +59,59 @@ class FailingConnection:
 
 def seen(m) -> dict:
     """What a user can observe: every entry with its attributes, the memory held, and what
-    the keeper holds."""
+    the keeper holds; and, beyond the first five (issue 25), the rest of what the verbs
+    keep in memory (names, seals, snapshots, times, holders, the bytes) and every row of the
+    registry, events and holders included."""
     entries = {e["path"]: {k: e.get(k) for k in ("type", "size", "capacity", "durable",
                                                    "mode", "uid", "gid", "state")}
                for e in m.queries.listdir("", ROOT, recursive=True)}
     free = [d.free for d in m.backend.devices()]
     metadata = {path: m.queries.info(path, ROOT)["metadata"] for path in entries}
     return {"entries": entries, "free": free, "kept": sorted(m.keeper.keys()),
-            "metadata": metadata, "metadata_used": dict(m.ns.nodes.metadata)}
+            "metadata": metadata, "metadata_used": dict(m.ns.nodes.metadata),
+            **_seen_more(m)}
+
+
+USER_SEES = ("entries", "free", "kept", "metadata", "metadata_used")
+# Actions of several verbs in one (open then close; attach, seal, detach): a failure in a
+# later verb leaves what the earlier ones did, so only what a user sees is compared; each of
+# their verbs is also in VERBS on its own (Staged), compared whole.
+COMPOUND = ("close of a writer, parity off the loop", "seal, parity off the loop")
+
+
+def _changed(before, after):
+    """What differs, for a message: the keys whose values differ (rows of a table that one
+    side has and the other lacks)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return {k: _changed(before.get(k), after.get(k)) for k in before.keys() | after.keys()
+                if before.get(k) != after.get(k)}
+    if isinstance(before, list) and isinstance(after, list) and \
+            all(isinstance(r, tuple) for r in before + after):
+        return {"gone": [r for r in before if r not in after],
+                "new": [r for r in after if r not in before]}
+    return before, after
+
+
+def _seen_more(m) -> dict:
+    listed = m.queries.listdir("", ROOT, recursive=True)
+    more = {e["path"]: {k: e.get(k) for k in ("id", "links", "unsealed", "snapshot",
+                                              "snapshot_time", "damaged", "ecc", "target")}
+            for e in listed}
+    nodes = sorted(m.queries.all_nodes(), key=lambda n: n.id)
+    times = {n.id: (n.modified_ns, n.changed_ns, n.accessed_ns) for n in nodes}
+    allocations = [n for n in nodes if hasattr(n, "holders")] + \
+        [a for a in m.holders.unlinked_held() if m.queries.node_or_none(a.id) is None]
+    # The mount's files are the kernel's: released whatever happens (release_mount).
+    holders = {a.id: sorted((h.id, h.kind, h.session.id) for h in a.holders.values()
+                            if not h.kind.startswith("mount-")) for a in allocations}
+    data = {a.id: hashlib.sha256(m.backend.read(a.buffer, 0, a.size or 0)).hexdigest()
+            for a in allocations if a.buffer is not None}
+    tables = ("nodes", "links", "metadata", "damage", "holders", "events", "meta")
+    registry = {t: [tuple(r) for r in m.registry.db.execute(f"SELECT * FROM {t}")]
+                for t in tables}
+    return {"attributes": more, "times": times, "holders": holders, "bytes": data,
+            "names_owned": dict(m.ns.nodes.owned), "handles_per_uid": dict(m.holders.per_uid),
+            "registry": registry}
 
 
 # ---- the verbs: (setup, action), each on a fresh world ---------------------------------------
@@ -159,19 +210,285 @@ VERBS = {
 }
 
 
-def statements_of(world, action) -> int:
+# ---- verbs that need more than _setup: what `prepare(world)` makes first (its answer is
+# handed to the verb), then the verb itself, `act(m, prepared)`. ---------------------------
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    prepare: Callable[[World], Any]
+    act: Callable[[Any, Any], Any]
+
+
+def _alloc(m, path="d/keep"):
+    return m.queries.lookup_allocation(path, ROOT)
+
+
+def _held(m, path: str, mode: str, how: str = "open"):
+    """A session holding `path` (open or attach): (session, holder id)."""
+    session = m.handles.open_session(ROOT)
+    holder, fd, _ = getattr(m.handles, how)(path, ROOT, session, mode)
+    os.close(fd)
+    return session, holder.id
+
+
+def _lose_keep(world):
+    """d/keep is lost, as after a reboot: the keeper lost it and the daemon started again."""
+    world.kept.drop(world.m.queries.lookup("d/keep", ROOT).id)
+    world.crash()
+
+
+def _refill(m, path="d/keep", *, force=False, session=None):
+    session = session or m.handles.open_session(ROOT)
+    holder, fd, _ = m.refill.begin_refill(path, ROOT, session, size=2 * MiB, mode=0o644,
+                                          ecc=None, durable=True, device=None, force=force,
+                                          unsealed=False)
+    os.close(fd)
+    return session, holder.id
+
+
+def _refilling(world):
+    _lose_keep(world)
+    return _refill(world.m)
+
+
+def _mount_writer(m, path="d/keep", data=b"w" * 1000):
+    """A file open for writing on the mount, written within its size."""
+    session = m.handles.open_session(ROOT)
+    alloc = _alloc(m, path)
+    holder = m.handles.open_mount(alloc, ROOT, session, True)
+    m.data.write_at(alloc, 100, data, session=session)
+    return holder
+
+
+def _written(world):
+    """d/keep written through the daemon (the mount's writes), within its size."""
+    world.m.data.write_at(_alloc(world.m), 100, b"w" * 1000)
+
+
+def _shrunk(world):
+    """d/keep resized to 1 MiB: its capacity (2 MiB) has room past its size."""
+    world.m.data.resize(_alloc(world.m), ROOT, MiB)
+
+
+def _linked(world):
+    world.m.names.link("d/keep", "hl", ROOT)
+
+
+def _corrupted(world):
+    """Bytes of d/keep changed behind the parity's back (a flipped bit in device memory)."""
+    m = world.m
+    alloc = _alloc(m)
+    first = m.backend.read(alloc.buffer, 1000, 1)
+    m.backend.write(alloc.buffer, 1000, bytes([first[0] ^ 0xFF]))
+
+
+def _whole_session(world):
+    """A session holding three things: a writer of d/keep, a reader of d/trans, a lease."""
+    m = world.m
+    session, _ = _held(m, "d/keep", "rw")
+    _, fd, _ = m.handles.open("d/trans", ROOT, session, "r")
+    os.close(fd)
+    run_sync(m.names.create("leased", ROOT, size=MiB, lease=True, session=session))
+    return session
+
+
+REPORT = {"action": "create", "result": "ok", "location": "store/x", "snapshot": "s1",
+          "bytes": 4 * MiB}
+
+VERBS.update({
+    # names: hard and symbolic links, special files, exchange, access times
+    "link": lambda m: m.names.link("d/keep", "d/keep2", ROOT),
+    "link transient": lambda m: m.names.link("d/trans", "hl", ROOT),
+    "link in the mount": lambda m: m.names.link_child(_id(m, "d/keep"), m.ns.root.id, "hl",
+                                                      ROOT),
+    "rm one name of a hard link": Staged(_linked, lambda m, _: m.names.remove("hl", ROOT)),
+    "rm the first name of a hard link": Staged(
+        _linked, lambda m, _: m.names.remove("d/keep", ROOT)),
+    "unlink in the mount, one of two names": Staged(
+        _linked, lambda m, _: m.names.unlink_child(_id(m, "d"), "keep", ROOT)),
+    "rename over a hard link": Staged(
+        _linked, lambda m, _: m.names.rename(_id(m, "d"), "trans", m.ns.root.id, "hl", ROOT)),
+    "symlink": lambda m: m.names.symlink("d/ln", "keep", ROOT),
+    "symlink in the mount": lambda m: m.names.symlink_child(_id(m, "d"), "ln", "keep", ROOT),
+    "mknod fifo": lambda m: m.names.mknod_child(_id(m, "d"), "fifo", ROOT, 0o644,
+                                                stat.S_IFIFO),
+    "mknod char device": lambda m: m.names.mknod_child(_id(m, "d"), "tty", ROOT, 0o600,
+                                                       stat.S_IFCHR, os.makedev(4, 1)),
+    "exchange": lambda m: m.names.exchange(_id(m, "d"), "keep", _id(m, "d"), "trans", ROOT),
+    "exchange a file and a directory": lambda m: m.names.exchange(
+        _id(m, "d"), "keep", m.ns.root.id, "empty", ROOT),
+    "rename a directory": lambda m: m.names.rename(m.ns.root.id, "d", _id(m, "empty"), "d",
+                                                   ROOT),
+    "access time": lambda m: m.names.note_access(_alloc(m)),
+    # data: writes, fsync, the flush of times, truncate, a pending allocation's memory
+    "write": lambda m: m.data.write_at(_alloc(m), 0, b"x" * 100, ROOT),
+    "write past the end": Staged(_shrunk, lambda m, _: m.data.write_at(_alloc(m), MiB,
+                                                                       b"x" * 100, ROOT)),
+    "fsync": Staged(_written, lambda m, _: run_sync(m.data.sync(_alloc(m)))),
+    "fsync, parity off the loop": Staged(_written,
+                                         lambda m, _: with_workers(m.data.sync(_alloc(m)))),
+    "flush of times": Staged(_written, lambda m, _: m.data.flush_times(_alloc(m))),
+    "truncate on open": lambda m: m.data.truncate_on_open(_alloc(m), ROOT,
+                                                          m.handles.open_session(ROOT)),
+    "resize a pending allocation": Staged(
+        lambda w: w.m.names.create_pending(_id(w.m, "d"), "p", ROOT),
+        lambda m, _: m.data.resize(_alloc(m, "d/p"), ROOT, MiB)),
+    # durability by node (the mount's user.gpu.durable)
+    "durable by node": lambda m: m.durability.set_durable_node(_alloc(m, "d/trans"), ROOT,
+                                                               True),
+    "transient by node": lambda m: m.durability.set_durable_node(_alloc(m), ROOT, False),
+    # user metadata by node (the mount's user.KEY)
+    "meta set by node": lambda m: m.metadata.set_metadata(_alloc(m), b"x", b"y", ROOT),
+    "meta rm by node": lambda m: m.metadata.remove_metadata(_alloc(m), b"k", ROOT),
+    # handles: open, attach, close, detach, seal, revoke, sessions
+    "open rw": lambda m: _held(m, "d/keep", "rw"),
+    "attach r": lambda m: _held(m, "d/keep", "r", "attach"),
+    "attach rw": lambda m: _held(m, "d/keep", "rw", "attach"),
+    "close of a reader": Staged(lambda w: _held(w.m, "d/keep", "r"),
+                                lambda m, h: run_sync(m.handles.close(*h))),
+    "close of a writer": Staged(lambda w: _held(w.m, "d/keep", "rw"),
+                                lambda m, h: run_sync(m.handles.close(*h, written={
+                                    "offset": 0, "bytes": 10}))),
+    "detach of a reader": Staged(lambda w: _held(w.m, "d/keep", "r", "attach"),
+                                 lambda m, h: run_sync(m.handles.detach(*h))),
+    "detach of a writer": Staged(lambda w: _held(w.m, "d/keep", "rw", "attach"),
+                                 lambda m, h: run_sync(m.handles.detach(*h))),
+    "detach of a writer, parity off the loop": Staged(
+        lambda w: _held(w.m, "d/keep", "rw", "attach"),
+        lambda m, h: with_workers(m.handles.detach(*h))),
+    "seal by the attached writer": Staged(
+        lambda w: _held(w.m, "d/keep", "rw", "attach"),
+        lambda m, h: run_sync(m.handles.seal("d/keep", ROOT, h[0]))),
+    "revoke": Staged(lambda w: (_held(w.m, "d/keep", "r"), _held(w.m, "d/keep", "r", "attach")),
+                     lambda m, _: m.handles.revoke_readers(_alloc(m), ROOT,
+                                                           m.handles.open_session(ROOT))),
+    "end session of a writer": Staged(lambda w: _held(w.m, "d/keep", "rw"),
+                                      lambda m, h: run_sync(m.handles.end_session(h[0]))),
+    "end session of a writer, parity off the loop": Staged(
+        lambda w: _held(w.m, "d/keep", "rw"),
+        lambda m, h: with_workers(m.handles.end_session(h[0]))),
+    "end session of an attached writer": Staged(
+        lambda w: _held(w.m, "d/keep", "rw", "attach"),
+        lambda m, h: run_sync(m.handles.end_session(h[0]))),
+    "end session holding three": Staged(_whole_session,
+                                        lambda m, s: run_sync(m.handles.end_session(s))),
+    # files open on the mount
+    "release of a mount writer": Staged(lambda w: _mount_writer(w.m),
+                                        lambda m, h: run_sync(m.handles.release_mount(h))),
+    "release of a mount writer, parity off the loop": Staged(
+        lambda w: _mount_writer(w.m), lambda m, h: with_workers(m.handles.release_mount(h))),
+    "release of a mount writer, spare capacity trimmed": Staged(
+        lambda w: _mount_writer(w.m, "d/trans", b"g" * (3 * MiB)),
+        lambda m, h: run_sync(m.handles.release_mount(h))),
+    # refills from a snapshot (op refill) and how they end
+    "refill a lost allocation": Staged(_lose_keep, lambda m, _: _refill(m)),
+    "refill over an allocation (--force)": lambda m: _refill(m, force=True),
+    "refill a missing name": lambda m: _refill(m, "d/restored"),
+    "refill finished by its close": Staged(_refilling, lambda m, h: run_sync(
+        m.handles.close(*h, restored={"damaged": []}))),
+    "refill abandoned by its close": Staged(_refilling,
+                                            lambda m, h: run_sync(m.handles.close(*h))),
+    "refill abandoned by its session's end": Staged(
+        _refilling, lambda m, h: run_sync(m.handles.end_session(h[0]))),
+    # snapshot reports
+    "snapshot report of a create": lambda m: m.records.record_snapshot(
+        ROOT, REPORT, ["d/keep", "d/trans"], True),
+    "snapshot report of a restore": lambda m: m.records.record_snapshot(
+        ROOT, {**REPORT, "action": "restore"}, [], True),
+    # checks: verify records what it found (and when), and repairs
+    "verify": lambda m: run_sync(m.checks.verify(_alloc(m), repair=False)),
+    "verify, damage found": Staged(_corrupted, lambda m, _: run_sync(
+        m.checks.verify(_alloc(m), repair=False))),
+    # reports: the event log's notes and the scrubber's saved state
+    "note": lambda m: m.reports.note("scrub", action="start"),
+    "scrubber state": lambda m: m.reports.save_meta("scrub_cursor", "7"),
+    # service: stop, and the keeper's repairs
+    "stop": lambda m: m.service.shutdown(),
+    "keeper redeposit": lambda m: m.service.redeposit_all(),
+    "keeper reconcile": lambda m: m.service.reconcile_keeper(),
+})
+
+# Verbs that cannot be made to fail here, and why:
+# - the mount's open (HandleVerbs.open_mount) and `changes` write no registry row;
+# - a write past the capacity grows it with room to spare and, refused (NoMemory, the full
+#   state disk's included), tries again without: one failing statement is absorbed and the
+#   write happens whole ("write past the end" writes within the capacity instead);
+# - `debug corrupt` is off unless gpumemd runs with --enable-fault-injection;
+# - `check --repair` rewrites rows that are wrong on purpose: "as before" is wrong again;
+# - start runs before any verb (its faults: tests/unit/test_manager.py's crash tests).
+
+
+def _steps(entry) -> Staged:
+    if isinstance(entry, Staged):
+        return entry
+    return Staged(lambda world: None, lambda m, _: entry(m))
+
+
+def statements_of(world, entry) -> int:
     """How many writing statements (and commits) the action runs when nothing fails."""
+    steps = _steps(entry)
+    prepared = steps.prepare(world)
     m = world.m
     probe = FailingConnection(m.registry.db, None)
     m.registry.db = probe
     try:
-        action(m)
+        steps.act(m, prepared)
     finally:
         m.registry.db = probe._db
     return probe.count
 
 
-@pytest.mark.parametrize("verb", VERBS)
+# Verbs that this test finds changing something when a registry write fails (issue 25, item
+# 4): each is a bug reported to the lead, marked so that the suite stays green and that its
+# fix turns the mark into a failure to remove (strict). Two kinds:
+_PARTIAL = ("benign partial progress: an earlier step's own change committed (the parity's "
+            "WRITING mark, flushed times, a seal) and a later one failed; retrying is safe")
+KNOWN_BUGS = {
+    # harmful: the state left behind is wrong, or stays wrong for good
+    "attach rw": "the attach-w holder stays (and the exported fd leaks) when unseal's "
+                 "change fails; `unsealed` is set in memory before its change",
+    "write past the end": "the size grows in memory before writes_begin's change: a failed "
+                          "write leaves the file longer, showing bytes past the old size",
+    "revoke": "each reader is dropped in its own change: a failure leaves some revoked",
+    "end session of a writer": "each holder is released in its own change, after the "
+                               "session is gone: a failure leaves holders no one can release",
+    "end session of a writer, parity off the loop": "as `end session of a writer`",
+    "end session of an attached writer": "as `end session of a writer`",
+    "end session holding three": "as `end session of a writer`",
+    "refill a lost allocation": "the new memory stays on the lost allocation (leaked for good "
+                                "at the next refill, which allocates again)",
+    "refill over an allocation (--force)": "the keeper's copy is withdrawn before the "
+                                           "change: a durable allocation is no longer kept",
+    "refill a missing name": "the allocation made for it stays when entering `restoring` "
+                             "fails",
+    "refill finished by its close": "the holder goes before the commit: the allocation "
+                                    "stays `restoring` for good, with no refill to end it",
+    "refill abandoned by its close": "the holder and the memory go before the commit: the "
+                                     "allocation stays `restoring` for good",
+    "refill abandoned by its session's end": "as `refill abandoned by its close`",
+    "access time": "ns.attributes.note_access moves accessed_ns in memory before its "
+                   "change, which registers no undo",
+    "verify, damage found": "the pass's verified time commits before its damage record, "
+                            "which then fails: `info` shows it verified and ready",
+    # benign: a step of the verb committed on its own
+    "open rw": _PARTIAL,
+    "close of a writer": _PARTIAL,
+    "detach of a writer": _PARTIAL,
+    "detach of a writer, parity off the loop": _PARTIAL,
+    "fsync": _PARTIAL,
+    "fsync, parity off the loop": _PARTIAL,
+    "release of a mount writer": _PARTIAL,
+    "release of a mount writer, parity off the loop": _PARTIAL,
+}
+
+
+def _cases():
+    for verb in VERBS:
+        reason = KNOWN_BUGS.get(verb)
+        marks = [pytest.mark.xfail(strict=True, reason=f"bug: {reason}")] if reason else []
+        yield pytest.param(verb, marks=marks, id=verb)
+
+
+@pytest.mark.parametrize("verb", _cases())
 def test_every_statement_failing_in_turn_leaves_everything_consistent(tmp_path, verb):
     action = VERBS[verb]
     dry = World(_fresh_dir(tmp_path, "dry"))
@@ -183,7 +500,7 @@ def test_every_statement_failing_in_turn_leaves_everything_consistent(tmp_path, 
     for fail_at in range(1, total + 1):      # one fresh world per injected failure
         world = World(_fresh_dir(tmp_path, f"fail{fail_at}"))
         try:
-            failures += _one_failure(world, verb, action, fail_at)
+            failures += _one_failure(world, verb, _steps(action), fail_at)
         finally:
             world.close()
     assert not failures, "\n".join(failures)
@@ -195,13 +512,14 @@ def _fresh_dir(tmp_path, name: str):
     return path
 
 
-def _one_failure(world, verb: str, action, fail_at: int) -> list[str]:
+def _one_failure(world, verb: str, steps: Staged, fail_at: int) -> list[str]:
+    _setup(world.m)
+    prepared = steps.prepare(world)
     m = world.m
-    _setup(m)
     before = seen(m)
     m.registry.db = FailingConnection(m.registry.db, fail_at)
     try:
-        action(m)
+        steps.act(m, prepared)
     except (GpumemError, sqlite3.Error):
         pass
     else:
@@ -211,8 +529,10 @@ def _one_failure(world, verb: str, action, fail_at: int) -> list[str]:
     where = f"{verb}, statement {fail_at} failing"
     problems = []
     after = seen(m)
+    if verb in COMPOUND:        # compared on what a user sees, as before issue 25
+        before, after = ({k: v[k] for k in USER_SEES} for v in (before, after))
     if after != before:
-        changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+        changed = {k: _changed(before[k], after[k]) for k in before if before[k] != after[k]}
         problems.append(f"{where}: what a user sees changed: {changed}")
     try:
         clean(m)
@@ -226,3 +546,24 @@ def _one_failure(world, verb: str, action, fail_at: int) -> list[str]:
     except Exception as exc:  # noqa: BLE001 - any failure here is the finding
         problems.append(f"{where}: the next change failed: {exc!r}")
     return problems
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a session's end that meets a full state disk "
+                   "leaves its holders on the allocation after the session is gone; nothing "
+                   "releases them before a restart")
+def test_a_session_end_that_fails_leaves_no_holder_behind(tmp_path):
+    world = World(tmp_path)
+    try:
+        m = world.m
+        _setup(m)
+        session, _ = _held(m, "d/keep", "rw")
+        m.registry.db = FailingConnection(m.registry.db, 2)
+        try:
+            with pytest.raises(GpumemError):
+                run_sync(m.handles.end_session(session))
+        finally:
+            m.registry.db = m.registry.db._db
+        assert session.closed                   # the connection is gone whatever happens
+        _held(m, "d/keep", "rw")                # so is its lock: a new writer may come
+    finally:
+        world.close()
