@@ -395,7 +395,7 @@ def phase_autorestore(d: core.Daemon, store: str, base: str, want: str) -> dict:
     finally:
         c.close()
     out = {"answer_s": answered, "ready_s": ready, "states": states}
-    # The restoring child's own account (daemon/autosnap.py logs it once it has ended).
+    # The restoring child's own account (daemon/services/autosnap.py logs it once it has ended).
     found = None
     for _ in range(100):
         found = AUTORESTORE_LOG.search(d.log_tail(1 << 20))

@@ -39,7 +39,7 @@ class Core:
     """The layers under the verbs (docs/architecture.md), for the composition root only."""
     registry: Registry
     backend: Backend
-    keeper: Any                 # ProcessKeeper or SystemdFdStore (daemon/keeper_link.py)
+    keeper: Any                 # ProcessKeeper or SystemdFdStore (daemon/keeper/link.py)
     journal: Journal
     ns: Namespace
     integrity: Integrity
@@ -65,7 +65,7 @@ class Config:
     max_handles_per_uid: int | None = None
     fds_to_readers: bool = False      # config cuda_fds_to_readers
     mountpoint: str | None = None     # absolute link targets under it are followed
-    metadata_max_bytes: int = usermeta.DEFAULT_MAX_BYTES        # daemon/usermeta.py
+    metadata_max_bytes: int = usermeta.DEFAULT_MAX_BYTES        # daemon/core/usermeta.py
     metadata_user_max_bytes: int = usermeta.DEFAULT_USER_MAX_BYTES
 
 

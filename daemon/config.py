@@ -422,7 +422,7 @@ def apply(args, config: Config) -> None:
     if isinstance(args.host_capacity, str):
         args.host_capacity = parse_size(args.host_capacity)
     args.ecc = config.ecc or "rs"
-    args.scrub_rate = config.scrub_rate or None     # 0: the duty cycle (daemon/scrub.py)
+    args.scrub_rate = config.scrub_rate or None     # 0: the duty cycle (daemon/services/scrub.py)
     args.quotas = dict(config.quotas)
     args.default_quota = config.default_quota    # bytes, a share (float) or None
     args.cuda_fds_to_readers = bool(config.cuda_fds_to_readers)

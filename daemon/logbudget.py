@@ -8,7 +8,7 @@ Records of no client (start-up, the group commit, the scrubber, the keeper's sup
 are never limited, nor are root's and the daemon's own uid's.
 
 The budget is events.LineBudget, the token bucket that already bounds each user's `event`
-lines (daemon/journal.py): LINES_BURST lines at once, then LINES_PER_SECOND. Lines left out
+lines (daemon/core/journal.py): LINES_BURST lines at once, then LINES_PER_SECOND. Lines left out
 are summed per uid and said in one line, "uid U: N log lines left out ...", written when the
 uid's lines are written again, at most once per SUMMARY_SECONDS, and by `report_left_out`
 (once a minute: summarise_every_minute, in gpumemd's nursery) for a uid that went quiet

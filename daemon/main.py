@@ -176,7 +176,7 @@ async def supervise_keeper(service: ServiceVerbs, keeper) -> None:
 
 def open_file_budget(args) -> FdBudget:
     """Raise the open-file limit to the hard one (every connection and allocation holds
-    descriptors; systemd's default soft limit is 1024) and split it (daemon/fdbudget.py)."""
+    descriptors; systemd's default soft limit is 1024) and split it (daemon/core/fdbudget.py)."""
     before, limit = raise_open_file_limit()
     fds = FdBudget(limit, args.max_connections, PRIVILEGED_EXTRA, args.max_fd_share_per_uid)
     raised = f" (raised from {before})" if before != limit else ""
@@ -297,7 +297,7 @@ async def run_daemon(verbs: Verbs, server: Server, mount: Mount | None, *,
                      snapshot_to: str | None = None, log_lines: ClientLines | None = None
                      ) -> None:
     """Serve until SIGTERM/SIGINT. `restore_from`: restore_on_start's snapshot_dir;
-    `snapshot_to`: snapshot_on_stop's (daemon/autosnap.py); `log_lines`: the log's
+    `snapshot_to`: snapshot_on_stop's (daemon/services/autosnap.py); `log_lines`: the log's
     per-client budget, whose summaries are written once a minute (daemon/logbudget.py)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:

@@ -4,7 +4,7 @@
   over the datagram socket named by $NOTIFY_SOCKET (an '@' prefix is an abstract socket).
 - $FDSTORE: the unit's FileDescriptorStoreMax=, set by systemd 254 and later when it is
   above 0 (systemd.exec(5)). Past it systemd closes what it is sent and tells the service
-  nothing, so gpumemd counts (daemon/keeper_link.py, SystemdFdStore).
+  nothing, so gpumemd counts (daemon/keeper/link.py, SystemdFdStore).
 - Socket-activation style fd hand-back at start: $LISTEN_PID, $LISTEN_FDS, $LISTEN_FDNAMES,
   fds numbered from 3. systemd passes the fd store's contents this way after a restart.
 """

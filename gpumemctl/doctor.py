@@ -9,7 +9,7 @@ scripts use doctor to ask "is everything in place?"; `[ $? -le 1 ]` accepts warn
 Doctor is a diagnostic: it must finish on any machine. CUDA is reached only through
 `gpumemctl.cudadrv`, imported here lazily (never by `gpumemctl ls`); every failure to load or
 query it becomes a warn/fail line, never a traceback. NVML is the daemon's business
-(`daemon/nvml.py`); the CLI does not import it, so the driver version comes from the kernel
+(`daemon/services/nvml.py`); the CLI does not import it, so the driver version comes from the kernel
 module's /proc file and the CUDA driver API.
 """
 from __future__ import annotations

@@ -107,7 +107,7 @@ def emit_json(obj) -> None:
         import json
         text = json.dumps(obj, indent=2, sort_keys=True)
     else:
-        # Key order is the daemon's, fixed by daemon/describe.py: no need to sort again.
+        # Key order is the daemon's, fixed by daemon/core/describe.py: no need to sort again.
         text = compact_json(obj)
     write(text + "\n")
 

@@ -9,5 +9,5 @@ MiB = 1 << 20
 
 def with_parity(capacity: int) -> int:
     """Memory an allocation of `capacity` holds with ECC on (the default): the data and its
-    parity region, rounded to the 2 MiB granularity (daemon/parity.py)."""
+    parity region, rounded to the 2 MiB granularity (daemon/core/parity.py)."""
     return capacity + round_up(parity_bytes(capacity), 2 * MiB)

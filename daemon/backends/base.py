@@ -161,7 +161,7 @@ class Backend(abc.ABC, Generic[BufferT]):
             n = min(COPY_CHUNK, length - offset)
             self.write(dst, dst_offset + offset, self.read(src, src_offset + offset, n))
 
-    # ---- ECC: the codec runs where the memory is (daemon/parity.py) --------------------
+    # ---- ECC: the codec runs where the memory is (daemon/core/parity.py) --------------------
     def ecc(self, op: str, data: BufferT, parity: BufferT, first: int, count: int,
             total: int):
         """Run codec operation `op` (encode, verify, repair; see

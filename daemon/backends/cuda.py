@@ -1,7 +1,7 @@
 """The cuda backend: VMM allocations on NVIDIA GPUs, shared by POSIX file descriptor.
 
 - allocate: cuMemCreate (pinned device memory, POSIX-fd handle type) on one device, chosen by
-  index or UUID; the manager has already rounded the capacity to DeviceInfo.granularity, the
+  index or UUID; the creation step has already rounded the capacity to DeviceInfo.granularity, the
   driver's real granularity. Out of memory becomes NoMemory naming the device, its free bytes
   (cuMemGetInfo) and the request.
 - export / keeper_fds: a dup of the buffer's one shareable fd. That fd is exported once, at

@@ -107,7 +107,7 @@ class Adoption:
             self.registry.nodes.update(alloc.id, modified_ns=now, changed_ns=now)
             writer = Credentials(pid=row["pid"], uid=row["uid"], gid=-1)
             # Numbers and flags only: a `write` detail is what a client reports too, and
-            # carries no text (daemon/events.py, CLIENT_REPORTED).
+            # carries no text (daemon/core/events.py, CLIENT_REPORTED).
             self.journal.event("write", alloc, writer, range_unknown=True)
 
     def _adopt_listed(self, kept: dict[int, list[int]], summary: dict) -> None:

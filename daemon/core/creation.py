@@ -96,7 +96,7 @@ class Creation:
         capacity = round_up(size, dev.granularity)
         self.custody.require_could_fit(dev, size, ecc)
         self.quotas.check(cred.uid, capacity)
-        self.custody.require_fds(cred.uid, ecc)       # its descriptors (daemon/fdbudget.py)
+        self.custody.require_fds(cred.uid, ecc)       # its descriptors (daemon/core/fdbudget.py)
         if entries:
             self.meta_bounds.check("/".join(parts), cred.uid, 0, usermeta.size_of(entries))
         return NewAllocation(parent, missing, parts[-1], dev, capacity, ecc, entries)

@@ -76,7 +76,7 @@ class Custody:
 
     def require_fds(self, uid: int | None, ecc: str) -> None:
         """NoMemory unless the descriptors a new allocation of `uid` will hold fit gpumemd's
-        budget (daemon/fdbudget.py); uid None: only the total (root's doing, a restore)."""
+        budget (daemon/core/fdbudget.py); uid None: only the total (root's doing, a restore)."""
         if self.fds is not None:
             self.fds.require(uid, fds_for(ecc))
 

@@ -218,7 +218,7 @@ def visible_to(event: dict, uid: int, *, administrator: bool) -> bool:
     user is a snapshot report: it names places in that user's store and tree, and one
     user's thousands of them must not fill another's `events` (issue 24). Events about
     a node stay with its user: paths in private directories must not leak through the log.
-    Registry.events_page asks the same in SQL."""
+    registry.event_log.page asks the same in SQL."""
     if event["uid"] == uid:
         return True
     return event["node"] is None and (event["uid"] is None or administrator)

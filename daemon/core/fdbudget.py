@@ -7,7 +7,7 @@ systemd's soft default) a few hundred small allocations used to take every descr
 accept(), the registry and the mount failed with EMFILE, and every user's requests with them.
 
 So gpumemd raises its soft RLIMIT_NOFILE to the hard one at start (raise_open_file_limit;
-the keeper it starts inherits it, and raises its own too: daemon/keeper.py) and splits the
+the keeper it starts inherits it, and raises its own too: daemon/keeper/process.py) and splits the
 limit once:
 - FDS_KEPT for what is not a connection or an allocation: stdio, the state lock, the
   registry and its WAL, the listening socket, the keeper link, the mount, NVML, the event
@@ -23,7 +23,7 @@ A step that would take descriptors past one of these is refused before anything 
 (`require`): a create, a pending allocation getting memory, a resize that copies into new
 memory. The error is NoMemory (exit 7): errno EDQUOT past the user's share, ENOSPC past the
 total, with the figures. What each uid holds is counted like a quota's bytes
-(daemon/quotas.py): by a walk over the allocations, made only when a bound that costs
+(daemon/core/quotas.py): by a walk over the allocations, made only when a bound that costs
 nothing (two descriptors per name the uid owns) no longer shows it is within.
 """
 from __future__ import annotations

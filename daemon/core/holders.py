@@ -7,7 +7,7 @@ and attachments take part in "one writer or many readers"; leases and mount file
 client connection); its registry row is the post-mortem record of who held what.
 
 What happens when the last holder goes (memory freed, a leased allocation released) is
-daemon/lifecycle.py's: this module only keeps the records and the rule.
+daemon/core/lifecycle.py's: this module only keeps the records and the rule.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class Holders:
 
     def unlinked_held(self) -> list[Allocation]:
         """Allocations removed while held open: their memory goes with the last holder, and
-        until then it counts against the owner's quota (daemon/quotas.py)."""
+        until then it counts against the owner's quota (daemon/core/quotas.py)."""
         kept = {h.alloc.id: h.alloc for s in self.sessions.values()
                 for h in s.holders.values() if h.alloc.unlinked}
         return list(kept.values())

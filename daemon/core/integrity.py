@@ -9,7 +9,7 @@ the WRITING mark in the registry, so a crash rebuilds parity from the data rathe
 as EIO until repaired or overwritten whole.
 
 It changes no tree and no keeper: where new parity memory must reach the keeper, it says so
-and the caller deposits (daemon/custody.py).
+and the caller deposits (daemon/core/custody.py).
 """
 from __future__ import annotations
 

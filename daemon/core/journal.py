@@ -127,7 +127,7 @@ class Journal:
         `written`), and a key named like them must reach bound_detail, not clash."""
         now = time.time_ns()
         path = node.path if node is not None else None
-        detail = bound_detail(kind, detail)       # schema and size (daemon/events.py)
+        detail = bound_detail(kind, detail)       # schema and size (daemon/core/events.py)
         event_id = self.registry.event_log.add(
             kind, node.id if node else None, path, cred.uid if cred else None,
             cred.pid if cred else None, detail, now)
@@ -204,7 +204,7 @@ class Journal:
         """Logged events after `since`, oldest first, at most `limit` (the newest) and at
         most `max_bytes` of detail and path text; with `path`, those at or under it; with
         `uid`, only those that user may see (events.visible_to). And whether none was left
-        out for want of bytes (Registry.events_page)."""
+        out for want of bytes (registry.event_log.page)."""
         return self.registry.event_log.page(since, limit, path, uid, max_bytes, administrator)
 
     def last_event_id(self) -> int:

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# Holders that write the memory through an fd of their own (daemon/holders.py has the rest).
+# Holders that write the memory through an fd of their own (daemon/core/holders.py has the rest).
 WRITER_KINDS = ("write", "attach-w")
 
 
@@ -50,7 +50,7 @@ class Node:
     # Hard links: the node's names beyond (parent, name), each (directory, name), in the
     # order they were made (the registry's `links` rows). Directories never have any.
     aliases: Aliases = dataclasses.field(default_factory=lambda: Aliases())
-    # User metadata (daemon/usermeta.py): key -> value, both bytes; the registry's
+    # User metadata (daemon/core/usermeta.py): key -> value, both bytes; the registry's
     # `metadata` rows. Only allocations and directories carry any. `metadata_bytes` is
     # usermeta.size_of(metadata), kept as it changes (ns.metadata.set).
     metadata: dict[bytes, bytes] = dataclasses.field(default_factory=dict)
@@ -165,7 +165,7 @@ class Directory(Node):
 class Symlink(Node):
     """A symbolic link: metadata only (a registry row), never memory. Its target is a plain
     string, spelled as names are (surrogateescape), kept as given: the kernel follows it on
-    the mount, daemon/links.py through the socket API. Its mode is always 0777, as Linux
+    the mount, daemon/core/links.py through the socket API. Its mode is always 0777, as Linux
     shows a link's (the permissions that count are those of what it leads to)."""
     target: str = ""
 
@@ -215,10 +215,10 @@ class Allocation(Node):
     device: str | None = None        # device UUID
     durable: bool = False
     state: str = "pending"           # 'pending' | 'ready' | 'degraded' | 'lost' (design.md),
-                                     # or 'restoring' (daemon/refills.py; stored as 'lost')
+                                     # or 'restoring' (daemon/core/refills.py; stored as 'lost')
     ecc: str = "rs"
     buffer: Any = None               # the backend's buffer; None while pending or lost
-    parity: Any = None               # ECC parity region (daemon/parity.py); None: no ECC
+    parity: Any = None               # ECC parity region (daemon/core/parity.py); None: no ECC
     damaged: set = dataclasses.field(default_factory=set)  # blocks beyond repair (EIO)
     holders: dict[int, Holder] = dataclasses.field(default_factory=dict)
     unlinked: bool = False           # removed from the namespace, freed with its last holder
@@ -228,14 +228,14 @@ class Allocation(Node):
                                      # stale (registry column `unsealed`)
     writing: bool = False            # durable, written since its last sync: a crash now
                                      # leaves parity stale (registry unsealed = 2)
-    dirty_from: int = 1 << 63        # the range written since the last sync (manager.sync):
+    dirty_from: int = 1 << 63        # the range written since the last sync (DataVerbs.sync):
     dirty_to: int = 0                # its parity is stale until then; empty when from > to
     verified_ns: int | None = None   # end of the last full verify/scrub pass; None: never
     snapshot: str | None = None      # newest snapshot reported to hold it (location/name)
     snapshot_ns: int | None = None   # and when it was taken; None: none reported
     # What changed since the last `changes` reset (a snapshot's): SNAPSHOT_BLOCK indices
     # written since `changes_token` was handed out; None: not known (never reset since the
-    # daemon started, or written where the daemon cannot see: daemon/integrity.py).
+    # daemon started, or written where the daemon cannot see: daemon/core/integrity.py).
     changes_token: str | None = None
     changed: set | None = None
     untracked: bool = False          # a dma-buf was exported: writes are never seen
@@ -312,7 +312,7 @@ class NodeTable:
     special files and hard links alike), counted as nodes and names come and go rather
     than by a walk. A node enters and leaves with one name; its hard links are counted by
     names_changed. Likewise the bytes of user metadata each uid's nodes hold (what
-    metadata_user_max_bytes bounds, daemon/usermeta.py): a node brings its own and takes
+    metadata_user_max_bytes bounds, daemon/core/usermeta.py): a node brings its own and takes
     them with it, and metadata_changed counts a change of them."""
 
     def __init__(self) -> None:

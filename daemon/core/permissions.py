@@ -4,7 +4,8 @@ The socket server authorises every request with these, from the peer's SO_PEERCR
 and gid plus its SO_PEERGROUPS supplementary groups: all four as the kernel recorded them
 when the peer called connect(). Not /proc/PID/status read at accept time: by then the
 process may have changed its groups, or exited and had its pid taken by another process,
-whose groups it would lend. The mount has no socket and reads /proc (daemon/fs.py says why).
+whose groups it would lend. The mount has no socket and reads /proc (daemon/fs/requests.py
+says why).
 """
 from __future__ import annotations
 

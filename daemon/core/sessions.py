@@ -1,7 +1,7 @@
 """A session is one client connection: its credentials and what it holds.
 
 When the connection ends (the client closed it, or the client's process died and the kernel
-closed it), the manager releases everything the session held.
+closed it), the handle verbs release everything the session held.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ The namespace keeps them on the nodes and in the registry's `metadata` table
 
 - a key is 1 to MAX_KEY_BYTES bytes (so that `user.` + key fits the 255 bytes the kernel
   allows an attribute name), with no NUL, and does not start with `gpu.`: the mount's
-  `user.gpu.*` attributes are gpumemd's own (daemon/xattrs.py);
+  `user.gpu.*` attributes are gpumemd's own (daemon/fs/xattrs.py);
 - a value is any bytes, none included;
 - both travel as str on the wire, bytes that are not UTF-8 with surrogateescape, as names do
   (gpumemctl/protocol/names.py), and are stored as bytes;
@@ -31,7 +31,7 @@ from typing import Any
 from gpumemctl.protocol import NoMemory, UsageError, format_size, name_bytes, name_from_bytes
 
 MAX_KEY_BYTES = 250                 # 255 (XATTR_NAME_MAX) less len("user.")
-RESERVED_PREFIX = b"gpu."           # user.gpu.* on the mount is ours (daemon/xattrs.py)
+RESERVED_PREFIX = b"gpu."           # user.gpu.* on the mount is ours (daemon/fs/xattrs.py)
 DEFAULT_MAX_BYTES = 512 << 10       # config metadata_max_bytes
 DEFAULT_USER_MAX_BYTES = 64 << 20   # config metadata_user_max_bytes
 # The most metadata_max_bytes may be: a request is at most 1 MiB of JSON

@@ -1,9 +1,9 @@
-"""Protocol errors as errno values, for the FUSE layer's boundary (daemon/fs.py).
+"""Protocol errors as errno values, for the FUSE layer's boundary (daemon/fs/).
 
 The verbs raise only `gpumemctl.protocol` errors. The FUSE operations turn them
 into `FUSEError(errno_for(exc))` and nothing else; the socket server sends the same errors as
 numbered protocol errors. One class has one errno here. Where POSIX wants a more precise errno
-than the class gives, the manager names it in the error's details, as `details["errno"]`
+than the class gives, the verb names it in the error's details, as `details["errno"]`
 (a name such as "ENOTEMPTY", not a number: details travel over the socket as JSON, and errno
 numbers differ between platforms), and that name wins:
 

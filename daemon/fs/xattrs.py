@@ -1,6 +1,6 @@
 """The extended attributes of the mount: gpumemd's own `user.gpu.*` (names, values, and what
 each set does), and `user.KEY` for every other key, the node's user metadata
-(daemon/usermeta.py: `gpumemctl meta`, the socket's `meta_*` ops).
+(daemon/core/usermeta.py: `gpumemctl meta`, the socket's `meta_*` ops).
 
 | name                | get                              | set                                  |
 | ------------------- | -------------------------------- | ------------------------------------ |

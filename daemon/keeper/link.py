@@ -1,7 +1,7 @@
 """How the daemon hands durable fds to a keeper and takes them back after a restart.
 
 Two implementations of one small interface:
-- `ProcessKeeper`: the keeper process of daemon/keeper.py, started detached on demand;
+- `ProcessKeeper`: the keeper process of daemon/keeper/process.py, started detached on demand;
 - `SystemdFdStore`: systemd's file descriptor store, used when $NOTIFY_SOCKET is set.
 Keys are allocation ids (registry row ids, never reused).
 """
@@ -55,7 +55,7 @@ class FdStoreFull(Exception):
 
 class KeeperFull(KeeperGone, FdStoreFull):
     """The keeper process refused a deposit: the fds would pass its open-file limit
-    (daemon/keeper.py, KEEPER_SPARE). Nothing new is kept under the key; it is a limit, as
+    (daemon/keeper/process.py, KEEPER_SPARE). Nothing new is kept under the key; it is a limit, as
     FdStoreFull is, and the keeper is well."""
 
 
@@ -281,7 +281,7 @@ class ProcessKeeper:
         return [int(k["key"]) for k in self._call("list")["keys"]]
 
     def entries(self) -> dict[int, dict] | None:
-        """The meta each key was deposited with (daemon/orphans.py reads its `registry`)."""
+        """The meta each key was deposited with (daemon/core/orphans.py reads its `registry`)."""
         return {int(k["key"]): k.get("meta") or {} for k in self._call("list")["keys"]}
 
     def info(self) -> dict:

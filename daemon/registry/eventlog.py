@@ -49,7 +49,7 @@ class EventLog(Part):
 
     def add(self, kind: str, node: int | None, path: str | None, uid: int | None,
             pid: int | None, detail: dict, time_ns: int) -> int:
-        """Append an event (its detail bounded by the caller: daemon/events.py) and prune
+        """Append an event (its detail bounded by the caller: daemon/core/events.py) and prune
         the oldest past MAX_EVENTS rows or max_event_bytes bytes."""
         # ensure_ascii (the default) writes a lone surrogate as "\udcff": details that
         # quote a name that is not UTF-8 stay valid TEXT and load back the same.

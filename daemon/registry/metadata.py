@@ -1,4 +1,4 @@
-"""The `metadata` table: user metadata, small key-value pairs on a node (daemon/usermeta.py
+"""The `metadata` table: user metadata, small key-value pairs on a node (daemon/core/usermeta.py
 has the rules and the bounds)."""
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ LINKS_SQL = """
 METADATA_SQL = """
     CREATE TABLE IF NOT EXISTS metadata (
         -- Small key-value pairs a user keeps on an allocation or a directory (`gpumemctl
-        -- meta`, `user.KEY` attributes on the mount; daemon/usermeta.py has the rules and
+        -- meta`, `user.KEY` attributes on the mount; daemon/core/usermeta.py has the rules and
         -- the bounds). They belong to the node, so every name of a hard-linked one shares
         -- them, and they go with the node's row.
         node  INTEGER NOT NULL REFERENCES nodes(id) ON DELETE CASCADE,  -- nodes.id

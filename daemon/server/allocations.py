@@ -11,7 +11,7 @@ from .call import Call, Reply, administrator, require_administrator
 
 
 async def ls(call: Call) -> Reply:
-    """With `limit` or `after`, one page and the `next` cursor (daemon/listing.py); without,
+    """With `limit` or `after`, one page and the `next` cursor (daemon/core/listing.py); without,
     the whole listing in one answer, as older clients expect."""
     a, cred, queries = call.args, call.session.cred, call.verbs.queries
     if a["limit"] is None and a["after"] is None:

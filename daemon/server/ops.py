@@ -86,7 +86,7 @@ def events_limit() -> Arg:
 SINCE_RANGE = (0, 2**63 - 1)
 OPEN = Arg("mode", Kind.STR, OPEN_MODE, what="'r' or 'rw'")
 HANDLE = Arg("handle", Kind.INT)
-# User metadata (issue 17, daemon/usermeta.py): a key, and {key: value} of a new allocation.
+# User metadata (issue 17, daemon/core/usermeta.py): a key, and {key: value} of a new allocation.
 KEY = Arg("key", Kind.STR, what="a metadata key (a string)")
 METADATA = Arg("metadata", Kind.OBJECT, None, what="an object of metadata keys and string "
                                                    "values")
@@ -98,7 +98,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     # The handshake (service.py reads these two itself); a later `hello` is an error.
     Op("hello", (Arg("version", Kind.INT, what=f"the protocol version, {PROTOCOL_VERSION}"),
                  Arg("client", Kind.STR, "")), hello_again),
-    # `limit` or `after` asks for one page and its `next` cursor (daemon/listing.py);
+    # `limit` or `after` asks for one page and its `next` cursor (daemon/core/listing.py);
     # without either, the whole listing comes in one answer, as older clients expect.
     Op("ls", (path(""), flag("recursive"), Arg("after", Kind.STR, None,
                                               what="the `next` of the previous page"),

@@ -54,7 +54,7 @@ class Server:
         self.admin_gid = admin_gid
         self.limits = limits or ConnectionLimits(DEFAULT_MAX_CONNECTIONS,
                                                  DEFAULT_MAX_CONNECTIONS_PER_UID)
-        self.scrubber = scrubber      # daemon/scrub.py
+        self.scrubber = scrubber      # daemon/services/scrub.py
         self.socket_path = socket_path
         self.info = info              # daemon facts for hello/status
         self.started = time.time()

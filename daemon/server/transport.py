@@ -39,7 +39,7 @@ PEERCRED_SIZE = struct.calcsize("3i")         # struct ucred: pid, uid, gid
 
 def peer_credentials(sock: trio.socket.SocketType) -> Credentials:
     """Who the peer was at connect(): pid, uid and gid (SO_PEERCRED) and its supplementary
-    groups (SO_PEERGROUPS), never what /proc says of that pid later (daemon/permissions.py)."""
+    groups (SO_PEERGROUPS), never what /proc says of that pid later (daemon/core/permissions.py)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED_SIZE)
     pid, uid, gid = struct.unpack("3i", raw)
     return Credentials(pid=pid, uid=uid, gid=gid, groups=peer_groups(sock, pid))
@@ -77,7 +77,7 @@ PRIVILEGED_EXTRA = 32
 class ConnectionLimits:
     """Who may hold how many connections (docs/security.md): `per_uid` for each user but
     root and the daemon's own uid, `total` for all together (what the open-file limit
-    leaves them, daemon/fdbudget.py), with PRIVILEGED_EXTRA more for those two, so that a
+    leaves them, daemon/core/fdbudget.py), with PRIVILEGED_EXTRA more for those two, so that a
     flood by one user never locks the administrator out. And how fast: each of those users'
     connections are served at most `rate_per_uid` a second (`per_uid` at once; OpenRate), so
     that one opening and closing them in a loop costs the daemon little more than the

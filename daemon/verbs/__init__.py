@@ -1,5 +1,5 @@
 """The verbs: one class per group, each built with exactly the layers it needs
-(daemon/verbs/build.py), none importing another. A verb with a slow step returns a plan,
+(daemon/compose.py), none importing another. A verb with a slow step returns a plan,
 which daemon/verbs/plan.py's runner executes (docs/architecture.md).
 
 `Verbs` is what the adapters are given (the socket server, the mount, check, the scrubber,

@@ -1,5 +1,5 @@
 """The verbs of checking: verify and repair by ECC (`verify`, `recover`, the scrubber's
-pieces), `check` (an fsck of registry, tree, backend and keeper: daemon/check.py) and fault
+pieces), `check` (an fsck of registry, tree, backend and keeper: daemon/core/check.py) and fault
 injection (`debug corrupt`)."""
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .plan import Breathe, Plan
 class Checks:
     def __init__(self, registry: Registry, keeper: Any, namespace: Namespace,
                  custody: Custody, integrity: Integrity, *, fault_injection: bool = False):
-        """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper_link.py);
+        """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper/link.py);
         `fault_injection`: gpumemd --enable-fault-injection (`debug corrupt`)."""
         self.registry = registry
         self.keeper = keeper
@@ -69,7 +69,7 @@ class Checks:
             self.ns.watchers.data_changed(alloc)  # the mount reads the damage, as the socket does
         return result
 
-    # ---- check (daemon/check.py) ----------------------------------------------------------------
+    # ---- check (daemon/core/check.py) ----------------------------------------------------
     def check(self, repair: bool = False, *, integrity_errors: list[str] | None = None) -> dict:
         """`gpumemctl check`. `integrity_errors`: SQLite's integrity check, made beforehand
         off the event loop (registry_integrity_errors)."""

@@ -1,6 +1,6 @@
 """The verbs of an allocation's bytes and size: resize (truncate, `user.gpu.size`), the
 mount's writes and reads, the socket's read by copy, and fsync. The order of a resize's steps
-is daemon/sizing.py's."""
+is daemon/core/sizing.py's."""
 from __future__ import annotations
 
 import time

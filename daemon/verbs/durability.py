@@ -1,5 +1,5 @@
 """The verb of durability: `gpumemctl durable` (and `--transient`), and the mount's
-`user.gpu.durable`. The order of its steps is daemon/lifecycle.py's: durable, deposit then
+`user.gpu.durable`. The order of its steps is daemon/core/lifecycle.py's: durable, deposit then
 commit; transient, commit then withdraw."""
 from __future__ import annotations
 

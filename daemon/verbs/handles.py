@@ -1,5 +1,5 @@
 """The verbs of open handles, attachments, files open on the mount and client sessions. The
-records and the lock are daemon/holders.py's; here is the order of steps around them: what a
+records and the lock are daemon/core/holders.py's; here is the order of steps around them: what a
 close must encode, seal or free, and when.
 
 The parity work of a close, a detach, a seal and a session's end is a plan's slow step
@@ -150,7 +150,7 @@ class HandleVerbs:
     def close(self, session: Session, holder_id: int, *, written: dict | None = None,
               restored: dict | None = None) -> Plan[dict]:
         """Op `close`. A handle that wrote has its parity encoded off the loop while it is
-        still held. A refill's handle (daemon/refills.py) finishes the restore with
+        still held. A refill's handle (daemon/core/refills.py) finishes the restore with
         `restored`, and gives it up without. A handle revoked meanwhile answers quietly."""
         if holder_id in session.revoked:
             return {"revoked": True}

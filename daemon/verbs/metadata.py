@@ -1,4 +1,4 @@
-"""The verbs of user metadata (issue 17; daemon/usermeta.py has what a key and a value may be
+"""The verbs of user metadata (issue 17; daemon/core/usermeta.py has what a key and a value may be
 and the bounds). By path for the socket (`meta_*`: links followed, as `info` does; read
 permission to get or list, write permission to set or remove, search permission on the way),
 and by node for the mount's user.KEY attributes, whose permissions the kernel has checked

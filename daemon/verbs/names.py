@@ -1,10 +1,10 @@
 """The verbs of names: create, mkdir, rm, rename, hard and symbolic links, special files, and
 the attributes of a name (chmod, chown, utimens, access times); by path for the socket, by
-node id for the mount (daemon/fs.py).
+node id for the mount (daemon/fs/).
 
 Every verb takes the caller's Credentials, raises `gpumemctl.protocol` errors, and either
 happens whole or changes nothing (the journal's undo log). Errors that need an errno other
-than their class's (daemon/errno_map.py) carry its name in details["errno"]: ENOTDIR,
+than their class's (daemon/fs/errno_map.py) carry its name in details["errno"]: ENOTDIR,
 EISDIR, ENOTEMPTY, EPERM.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ class NameVerbs:
                mode: int = FILE_MODE, device: str | None = None, ecc: str | None = None,
                exist_ok: bool = False, session: Session | None = None, lease: bool = False,
                metadata: dict | None = None) -> Plan[NodeInfo]:
-        """Allocate (daemon/creation.py has the order). Missing parent directories are made.
+        """Allocate (daemon/core/creation.py has the order). Missing parent directories are made.
         `ecc` None: the daemon's default. `metadata`: {key: value} of user metadata the new
         allocation gets in the same transaction (an existing one, with `exist_ok`, keeps its
         own). A durable create's deposit goes to the keeper off the loop, under the deposit
@@ -146,7 +146,7 @@ class NameVerbs:
             self.lifecycle.release_memory(victim)
         return [entry_path(d, n) for d, n, _ in doomed]
 
-    # ---- the mount's verbs, by node id (daemon/fs.py) -----------------------------------
+    # ---- the mount's verbs, by node id (daemon/fs/) -----------------------------------
     def mkdir_child(self, parent_id: int, name: str, cred: Credentials,
                     mode: int = DIR_MODE) -> Directory:
         parent = self.ns.parent_for_entry(parent_id, name, cred, mode)

@@ -41,13 +41,13 @@ T = TypeVar("T")
 class KeeperWork:
     """The rest of a keeper call the plan began (Custody.send_begin): the keeper answers in
     well under a millisecond, and then `rest` is None; a stalled one is waited for off the
-    loop, for up to keeper_link.CALL_TIMEOUT. A refusal is thrown into the plan."""
+    loop, for up to keeper.link.CALL_TIMEOUT. A refusal is thrown into the plan."""
     rest: Callable[[], object] | None
 
 
 @dataclasses.dataclass(frozen=True)
 class ParityWork:
-    """A ParityJob (daemon/integrity.py), or None: nothing to do. The plan's last step runs
+    """A ParityJob (daemon/core/integrity.py), or None: nothing to do. The plan's last step runs
     Integrity.finish, which runs a job no worker ran (a small one, or one that failed)."""
     job: ParityJob | None
 
@@ -67,7 +67,7 @@ class Exclusive:
 
 # Held from a durable create's (or `durable`'s) deposit to its commit: at most one key is in
 # the keeper ahead of its row, which is what start-up takes for crash residue
-# (daemon/orphans.py).
+# (daemon/core/orphans.py).
 DEPOSITS = "deposits"
 
 Request = KeeperWork | ParityWork | Breathe | Exclusive

@@ -48,7 +48,7 @@ class Queries:
     def list_page(self, path: str, cred: Credentials, *, recursive: bool, after: str | None,
                   limit: int | None) -> tuple[list[NodeInfo], str | None]:
         """One page of listdir's entries after the cursor `after`, and the next page's
-        cursor (None: the last page). daemon/listing.py."""
+        cursor (None: the last page). daemon/core/listing.py."""
         return list_page(self.ns, path, cred, recursive=recursive, after=after, limit=limit)
 
     def node(self, node_id: int) -> Node:

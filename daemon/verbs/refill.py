@@ -10,7 +10,7 @@ refilled only when asked (`force`). Each needs write permission. The allocation 
 `restoring`: nobody else may open, read or attach it (the mount answers EAGAIN), its row says
 `lost`, and the keeper does not hold it. So a daemon crash, or a client that dies or closes
 without saying it finished, leaves it `lost` (a created one is removed): a half-restored
-allocation is never served as whole. How a refill ends is daemon/refills.py's.
+allocation is never served as whole. How a refill ends is daemon/core/refills.py's.
 """
 from __future__ import annotations
 

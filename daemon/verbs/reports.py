@@ -18,7 +18,7 @@ from ..registry import Registry
 class Reports:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
                  backend: Backend, keeper: Any, holders: Holders, quotas: Quotas):
-        """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper_link.py)."""
+        """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper/link.py)."""
         self.registry = registry
         self.journal = journal
         self.ns = namespace

@@ -16,7 +16,7 @@ from ..registry import Registry
 class ServiceVerbs:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
                  custody: Custody, adoption: Adoption, integrity: Integrity, keeper: Any):
-        """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper_link.py)."""
+        """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper/link.py)."""
         self.registry = registry
         self.journal = journal
         self.ns = namespace

@@ -1,4 +1,4 @@
-"""`python -m gpumemctl.cli` (gpumemd's own snapshots: daemon/autosnap.py)."""
+"""`python -m gpumemctl.cli` (gpumemd's own snapshots: daemon/services/autosnap.py)."""
 from . import main
 
 if __name__ == "__main__":

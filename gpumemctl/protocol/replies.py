@@ -1,5 +1,5 @@
 """The answers of gpumemd's ops as types (docs/protocol.md, "Requests and answers" and
-"Objects"): what daemon/describe.py builds, what `gpumemctl.Client` returns, and what the CLI
+"Objects"): what daemon/core/describe.py builds, what `gpumemctl.Client` returns, and what the CLI
 and the monitor (tui/) read, so that mypy finds every reader of a field that is renamed or
 removed. TypedDicts: at run time each answer is the plain dict the wire carries.
 
@@ -252,7 +252,7 @@ class Status(TypedDict):
 
 # ---- events ------------------------------------------------------------------------------------
 class Event(TypedDict):
-    """An event of the log; `detail`'s keys depend on `kind` (daemon/events.py SCHEMA)."""
+    """An event of the log; `detail`'s keys depend on `kind` (daemon/core/events.py SCHEMA)."""
     id: int
     time_ns: int
     kind: str

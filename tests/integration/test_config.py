@@ -165,7 +165,7 @@ def test_scrub_rate_from_the_config_limits_a_scrub_without_rate(daemon_factory, 
     assert d.cli_json("status")["scrub"]["default_rate"] == 200 * MiB
 
 
-# ---- quotas (daemon/quotas.py) ------------------------------------------------------------
+# ---- quotas (daemon/core/quotas.py) ------------------------------------------------------------
 def quota_config(tmp_path, limit: str = "8M") -> str:
     return write_config(tmp_path, f'[quotas]\n{os.geteuid()} = "{limit}"\n')
 

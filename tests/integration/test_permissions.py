@@ -1,7 +1,7 @@
 """Permissions for a second uid, through the socket API.
 
 The daemon authorises every request from the peer's SO_PEERCRED credentials with POSIX rules
-(daemon/permissions.py, daemon/verbs/). To be a real second uid these tests fork
+(daemon/core/permissions.py, daemon/verbs/). To be a real second uid these tests fork
 (tests/users.py run_as): the child drops to nobody (uid/gid 65534, no supplementary groups)
 and talks to the daemon with gpumemctl.Client, imported here before forking (the venv's
 interpreter and stdlib live under /root, which uid 65534 cannot read, so nothing may be

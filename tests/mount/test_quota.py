@@ -1,5 +1,5 @@
 """Quotas through the mount: a write that would grow a file past its owner's quota fails
-with EDQUOT, and what was written before stays (daemon/quotas.py, docs/config.md)."""
+with EDQUOT, and what was written before stays (daemon/core/quotas.py, docs/config.md)."""
 from __future__ import annotations
 
 import errno

@@ -1,17 +1,17 @@
 """Issue 12, section 2 (set-id bits), as a program that asks the kernel for the mode alone
 sees it: `stat -c %a` is statx(2) with mask STATX_MODE.
 
-When the daemon itself clears S_ISUID/S_ISGID at a write (a write-only open is direct I/O:
-the kernel sends no setattr of its own, daemon/fs.py _drop_setid), the kernel, unless told,
-keeps the old mode in its attribute cache, valid for ENTRY_TIMEOUT (5 s). After a write the
-kernel invalidates only size and times, so a statx asking for STATX_MODE alone was answered
-from that cache: 4777 for up to 5 s, although `info` said 0777. A plain stat(2) asks for
-size too and refetches, which is why test_setid_atime_efbig.py passed. Controls: O_TRUNC (the
-daemon clears the bits inside the open, and the kernel refetches the attributes after an
-atomic O_TRUNC) and a write through the page cache (O_RDWR: the kernel clears the bits with
-its own setattr, so it knows the new mode).
+When the daemon itself clears S_ISUID/S_ISGID at a write (a write-only open is direct I/O: the
+kernel sends no setattr of its own, daemon/fs/files.py Files.drop_setid), the kernel, unless
+told, keeps the old mode in its attribute cache, valid for ENTRY_TIMEOUT (5 s). After a write
+the kernel invalidates only size and times, so a statx asking for STATX_MODE alone was answered
+from that cache: 4777 for up to 5 s, although `info` said 0777. A plain stat(2) asks for size
+too and refetches, which is why test_setid_atime_efbig.py passed. Controls: O_TRUNC (the daemon
+clears the bits inside the open, and the kernel refetches the attributes after an atomic
+O_TRUNC) and a write through the page cache (O_RDWR: the kernel clears the bits with its own
+setattr, so it knows the new mode).
 
-So after _drop_setid changes a mode, daemon/fs.py drops the kernel's cached attributes of
+So after Files.drop_setid changes a mode, daemon/fs/ drops the kernel's cached attributes of
 that inode (attributes only, as _note_read does with fs_cache.invalidate: no page lock)."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tests.users import run_as
 
 AT_FDCWD, AT_SYMLINK_NOFOLLOW, STATX_MODE = -100, 0x100, 0x0002
 STX_MODE_OFFSET = 28            # struct statx: mask, blksize, attributes, nlink, uid, gid, mode
-CACHE_SECONDS = 5.0             # daemon/fs.py ENTRY_TIMEOUT
+CACHE_SECONDS = 5.0             # daemon/fs/attrs.py ENTRY_TIMEOUT
 _libc = ctypes.CDLL(None, use_errno=True)
 
 pytestmark = [

@@ -1,5 +1,5 @@
 """user.KEY extended attributes on the mount (issue 17): the node's user metadata, the same
-that `gpumemctl meta` and the socket serve (daemon/xattrs.py has the table). Alongside ours,
+that `gpumemctl meta` and the socket serve (daemon/fs/xattrs.py has the table). Alongside ours,
 user.gpu.*, which keep their meanings (test_xattrs.py)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The user.gpu.* extended attributes (daemon/xattrs.py has the table)."""
+"""The user.gpu.* extended attributes (daemon/fs/xattrs.py has the table)."""
 from __future__ import annotations
 
 import errno

@@ -4,7 +4,7 @@ under a service manager's limit of 1024, uid 65534's small allocations, within i
 took every descriptor; the next creates, root's included, exited 70 (`OSError: [Errno 24]`),
 accept() failed, and writes on the mount failed with EIO.
 
-What holds now (daemon/fdbudget.py, docs/operations.md "File descriptors"): gpumemd raises
+What holds now (daemon/core/fdbudget.py, docs/operations.md "File descriptors"): gpumemd raises
 its soft limit to the hard one at start, and so does the keeper it starts; descriptors for
 allocations are budgeted, each user but root at most max_fd_share_per_uid of them; a create
 past it is exit 7 (EDQUOT on the mount) naming the limit; root's create, an existing file's

@@ -4,7 +4,7 @@ Names are bytes on Linux and travel as str with surrogateescape (docs/protocol.m
 byte but NUL and `/` is allowed. Before: SQLite TEXT must be UTF-8, and a name holding byte
 0xff reached the registry as a lone surrogate: `create` failed with exit 70 (internal
 error), and the mount refused such names (EINVAL). Now the registry stores such a name as a
-BLOB of its bytes (daemon/registry.py, stored_name; schema 7), the mount takes and lists
+BLOB of its bytes (daemon/registry/, stored_name; schema 7), the mount takes and lists
 them, and every verb works with them. A hostile user making such names breaks nothing of
 root's: `ls`, `events`, `check`, `verify`, a restart that loads them back."""
 from __future__ import annotations

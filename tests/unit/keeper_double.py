@@ -2,11 +2,11 @@
 
 Two parts, as in the real thing:
 - `KeptFds` is what the keeper process holds: its own copies (dup) of the fds deposited, and
-  each deposit's meta. It outlives every manager built on it, as the keeper process outlives
-  every gpumemd, so a unit test that "restarts" the manager over it gets the memory back;
-- `InProcessKeeper` is one daemon's link to it, with the interface of daemon/keeper_link.py's
-  ProcessKeeper (what AllocationManager and Checker call). A test may patch a method of one
-  link (to crash at a step) without the next manager inheriting the patch.
+  each deposit's meta. It outlives every daemon core built on it, as the keeper process outlives
+  every gpumemd, so a unit test that "restarts" the core over it gets the memory back;
+- `InProcessKeeper` is one daemon's link to it, with the interface of daemon/keeper/link.py's
+  ProcessKeeper (what custody, adoption and the checker call). A test may patch a method of one
+  link (to crash at a step) without the next core inheriting the patch.
 
 Not a mock: deposit, withdraw and fetch really hold, drop and hand back fds, and meta goes
 through JSON as on the keeper's socket. The process-only part (main.py's watch socket and

@@ -1,4 +1,4 @@
-"""Event details (daemon/events.py): the schema names everything the daemon emits, and what
+"""Event details (daemon/core/events.py): the schema names everything the daemon emits, and what
 is stored is bounded whatever a client sends."""
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_the_schema_names_every_kind_and_key_the_daemon_emits():
     assert {kind for _, kind, _ in found} >= {"create", "remove", "write", "scrub", "adopt"}
     missing = sorted((f, kind, key) for f, kind, key in found
                      if kind not in SCHEMA or (key and key not in SCHEMA[kind]))
-    assert missing == [], "add these to daemon/events.py SCHEMA (else they are dropped)"
+    assert missing == [], "add these to daemon/core/events.py SCHEMA (else they are dropped)"
 
 
 def test_unknown_keys_and_wrong_types_are_dropped_and_counted():

@@ -1,4 +1,4 @@
-"""Tier (a) for issue 12's POSIX rules, where the mount cannot reach: daemon/fs.py's
+"""Tier (a) for issue 12's POSIX rules, where the mount cannot reach: daemon/fs/'s
 Operations called directly with a request context (the create that races a socket-side
 create), the relatime day rule, the access-time column's migration, and EFBIG versus ENOSPC
 in the verbs."""

@@ -1,4 +1,4 @@
-"""The verbs of the filesystem (what daemon/fs.py calls), tier (a): a real
+"""The verbs of the filesystem (what daemon/fs/ calls), tier (a): a real
 registry, the host backend and the in-process keeper (the `world` fixture); `check` runs after
 each scenario."""
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""daemon/nvml.py without a GPU: NVML's own error classes drive a stand-in library, so every
-path a real driver can take (no driver, a field not supported, a device lost) is exercised on
-a CPU machine. What is asserted is what `devices` would show, never which calls were made."""
+"""daemon/services/nvml.py without a GPU: NVML's own error classes drive a stand-in library,
+so every path a real driver can take (no driver, a field not supported, a device lost) is
+exercised on a CPU machine. What is asserted is what `devices` would show, never which calls
+were made."""
 from __future__ import annotations
 
 import threading

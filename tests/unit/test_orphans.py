@@ -1,5 +1,5 @@
 """Which keeper entries a start may free as crash residue, and which make it refuse
-(daemon/orphans.py; the daemon-level behaviour: tests/integration/test_startup_safety.py)."""
+(daemon/core/orphans.py; the daemon-level behaviour: tests/integration/test_startup_safety.py)."""
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,6 @@
 """What the unit tier calls the daemon's verbs with (tier a): a real registry in a temp dir, the
 host backend and the in-process keeper double (tests/unit/keeper_double.py), so no keeper
-process is started, composed as daemon/main.py composes them (daemon/verbs/build.py);
+process is started, composed as daemon/main.py composes them (daemon/compose.py);
 `clean()` runs the consistency check after a scenario."""
 from __future__ import annotations
 
