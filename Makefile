@@ -37,11 +37,14 @@ test: bootstrap-test
 
 # The gates CI runs before the tests (.ci/run), configured in pyproject.toml: ruff's rule set,
 # mypy with no error on daemon/, gpumemctl/ and tui/, and the import contracts that hold the
-# dependency direction of docs/design.md. The tools come with the test bootstrap (extra `lint`).
+# dependency direction of docs/design.md, then the size limits of docs/architecture.md ("Limits
+# that keep it so": no module over 500 lines, no daemon class over 25 public methods). The tools
+# come with the test bootstrap (extra `lint`).
 lint: bootstrap-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/python scripts/check_limits.py
 
 bench: bootstrap
 	$(VENV)/bin/python bench/core.py

@@ -62,3 +62,14 @@ def test_the_fuse_interface_is_exempt(tmp_path):
     tree = make_tree(tmp_path, {"daemon/fs/ops.py": "import pyfuse3\n\n\n"
                                 "class Ops(pyfuse3.Operations):\n" + methods(40)})
     assert run(tree).returncode == 0
+
+
+def test_the_tree_itself_is_within_the_bounds_and_make_lint_checks_them():
+    """The repository as it is passes, and `make lint` (what .ci/run calls first) runs the
+    script, so a feature that re-grows a centre fails CI, not a later review."""
+    proc = run(ROOT)
+    assert (proc.returncode, proc.stdout) == (0, ""), proc.stdout
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        makefile = f.read()
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    assert "scripts/check_limits.py" in lint
