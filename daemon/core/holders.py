@@ -38,6 +38,10 @@ class Holders:
         self.registry = registry
         self.journal = journal
         self.sessions: dict[int, Session] = {}
+        # Sessions that ended while their holders' release could not be committed (a full
+        # state disk): they hold what they held, as memory and the registry agree, until
+        # the next attempt releases it (HandleVerbs.settle_ended_sessions).
+        self.ending: dict[int, Session] = {}
         self._ids = itertools.count(1)
         self.max_per_uid: int | None = None     # config max_handles_per_uid
         self.per_uid: dict[int, int] = {}       # holders (but the mount's) by uid
@@ -54,10 +58,19 @@ class Holders:
         self.sessions.pop(session.id, None)
         return list(session.holders.values())
 
+    def released(self, session: Session) -> None:
+        """After an attempt to release what an ended session held: if something is left (its
+        change failed), the session waits among `ending` for the next attempt."""
+        if session.holders:
+            self.ending[session.id] = session
+        else:
+            self.ending.pop(session.id, None)
+
     def unlinked_held(self) -> list[Allocation]:
         """Allocations removed while held open: their memory goes with the last holder, and
         until then it counts against the owner's quota (daemon/core/quotas.py)."""
-        kept = {h.alloc.id: h.alloc for s in self.sessions.values()
+        sessions = [*self.sessions.values(), *self.ending.values()]
+        kept = {h.alloc.id: h.alloc for s in sessions
                 for h in s.holders.values() if h.alloc.unlinked}
         return list(kept.values())
 
@@ -101,22 +114,21 @@ class Holders:
 
     def add(self, alloc: Allocation, session: Session, kind: str,
             cred: Credentials | None = None) -> Holder:
-        """A new holder; its registry row is skipped for files open on the mount: a
-        transaction per open(2) would halve the mount's create rate, and those handles all
-        belong to the daemon's own session."""
+        """A new holder, taken back if the change it is part of fails; its registry row is
+        skipped for files open on the mount: a transaction per open(2) would halve the
+        mount's create rate, and those handles all belong to the daemon's own session."""
         cred = cred or session.cred
         if kind not in MOUNT_KINDS:
             self._require_room(cred.uid)
         holder = Holder(id=next(self._ids), kind=kind, session=session, alloc=alloc,
                         pid=cred.pid, uid=cred.uid, since_ns=time.time_ns())
-        if kind not in MOUNT_KINDS:
+        if kind in MOUNT_KINDS:
+            self._link(holder)
+        else:
             with self.journal.change(durable=False, batch=True):
                 self.registry.holders.add(holder.id, alloc.id, session.id, kind, holder.pid,
                                          holder.uid, holder.since_ns)
-        alloc.holders[holder.id] = holder
-        session.holders[holder.id] = holder
-        if kind not in MOUNT_KINDS:
-            self.per_uid[holder.uid] = self.per_uid.get(holder.uid, 0) + 1
+                self._link(holder)
         self.journal.node_changed(alloc)
         return holder
 
@@ -130,21 +142,46 @@ class Holders:
                        details={"uid": uid, "limit": limit})
 
     def drop(self, holder: Holder) -> None:
-        """The record goes from the registry first: if that fails, the holder stays in
-        both (the verb fails and changes nothing)."""
-        if holder.kind not in MOUNT_KINDS:
+        """The record goes from the registry and from memory in one change (the caller's,
+        if it is in one): if that fails, the holder stays in both."""
+        if holder.kind in MOUNT_KINDS:
+            self._unlink(holder)
+        else:
             with self.journal.change(durable=False, batch=True):
                 self.registry.holders.remove(holder.id)
-        if holder.alloc.holders.pop(holder.id, None) is not None \
-                and holder.kind not in MOUNT_KINDS:
-            left = self.per_uid[holder.uid] - 1
-            if left:
-                self.per_uid[holder.uid] = left
-            else:
-                del self.per_uid[holder.uid]
-        holder.session.holders.pop(holder.id, None)
+                self._unlink(holder)
         self.journal.node_changed(holder.alloc)
 
     def drop_all(self, alloc: Allocation) -> None:
         for holder in list(alloc.holders.values()):
             self.drop(holder)
+
+    def _link(self, holder: Holder) -> None:
+        self._attach(holder)
+
+        def undo() -> None:
+            self._detach(holder)
+        self.journal.on_rollback(undo)
+
+    def _unlink(self, holder: Holder) -> None:
+        if self._detach(holder):
+            self.journal.on_rollback(lambda: self._attach(holder))
+
+    def _attach(self, holder: Holder) -> None:
+        holder.alloc.holders[holder.id] = holder
+        holder.session.holders[holder.id] = holder
+        if holder.kind not in MOUNT_KINDS:
+            self.per_uid[holder.uid] = self.per_uid.get(holder.uid, 0) + 1
+
+    def _detach(self, holder: Holder) -> bool:
+        """Whether the holder was there to take away."""
+        holder.session.holders.pop(holder.id, None)
+        if holder.alloc.holders.pop(holder.id, None) is None:
+            return False
+        if holder.kind not in MOUNT_KINDS:
+            left = self.per_uid[holder.uid] - 1
+            if left:
+                self.per_uid[holder.uid] = left
+            else:
+                del self.per_uid[holder.uid]
+        return True

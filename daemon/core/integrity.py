@@ -152,12 +152,13 @@ class Integrity:
             total["skipped_reason"] = "no ECC" if alloc.ecc != "rs" else alloc.state
             return total
         block = first_block
+        reached_end = False
         while True:
             if alloc.unlinked or alloc.parity is None:
                 break
             stop = protected_blocks(alloc)
             if block >= stop:
-                self._note_verified(alloc)
+                reached_end = True
                 break
             count = min(self.parity.chunk_blocks, stop - block)
             if alloc.unsealed or alloc.holders_of("write"):
@@ -184,21 +185,31 @@ class Integrity:
             checked = total.pop("checked")
             healed = {b for b in alloc.damaged if any(a <= b < z for a, z in checked)}
             bad = set(total["uncorrectable_blocks"]) | set(total["damaged"])
-            self.set_damage(alloc, (alloc.damaged - healed) | bad, None,
-                             reason="verify" if repair else "verify without --repair",
-                             judged=repair)
+            self._record_pass(alloc, (alloc.damaged - healed) | bad, reached_end,
+                              reason="verify" if repair else "verify without --repair",
+                              judged=repair)
         total.pop("checked", None)
         total["damaged_ranges"] = self.damaged_ranges(alloc)
         return total
 
-    def _note_verified(self, alloc: Allocation) -> None:
-        """A pass reached the allocation's last protected block: record when (the TUI's
-        and `info`'s "verified"). Blocks skipped as unsynced still count: their parity is
-        rebuilt at the next sync, not judged."""
+    def _record_pass(self, alloc: Allocation, damaged: set[int], reached_end: bool,
+                     reason: str, judged: bool) -> None:
+        """What a pass found, in one change: the damage it left (set_damage) and, when it
+        reached the allocation's last protected block, when it did (the TUI's and `info`'s
+        "verified"; blocks skipped as unsynced still count: their parity is rebuilt at the
+        next sync, not judged). A failure records neither: never "verified" without its
+        damage."""
+        if not reached_end:
+            self.set_damage(alloc, damaged, None, reason=reason, judged=judged)
+            return
         now = time.time_ns()
         with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
+            self.journal.keep(alloc, "verified_ns")
+            alloc.verified_ns = now
             self.registry.nodes.update(alloc.id, verified_ns=now)
-        alloc.verified_ns = now
+            changed = self.record_damage(alloc, damaged, None, reason)
+        if changed:
+            self.log_damage(alloc, reason, judged)
 
     def _verify_piece(self, alloc: Allocation, first: int, count: int, repair: bool,
                       total: dict) -> None:
@@ -228,27 +239,47 @@ class Integrity:
                     reason: str, judged: bool = True) -> None:
         """Record the damaged blocks: beyond repair, or (not `judged`) found by a verify
         without --repair and not yet repaired. Either way they read as EIO and the
-        allocation is degraded while there are any."""
+        allocation is degraded while there are any. In a change of its own (or the
+        caller's, which it joins), logged once that committed."""
         if damaged == alloc.damaged and (alloc.state == "degraded") == bool(damaged):
             return
+        with self.journal.change(durable=alloc.durable):
+            changed = self.record_damage(alloc, damaged, cred, reason)
+        if changed:
+            self.log_damage(alloc, reason, judged)
+
+    def record_damage(self, alloc: Allocation, damaged: set[int], cred: Credentials | None,
+                      reason: str) -> bool:
+        """set_damage's rows, state and event, inside the caller's change (its rollback
+        takes the in-memory part back); False if nothing changes. The caller logs it
+        (log_damage) once the change committed."""
+        if damaged == alloc.damaged and (alloc.state == "degraded") == bool(damaged):
+            return False
         before = sorted(alloc.damaged)
         state = "degraded" if damaged else "ready"
         with self.journal.change(durable=alloc.durable):
             self.registry.damaged.replace(alloc.id, damaged, time.time_ns())
             self.registry.nodes.update(alloc.id, state=state)
+            self.journal.keep(alloc, "damaged", "state")
             alloc.damaged, alloc.state = set(damaged), state
             if damaged:
                 self.journal.event("damage", alloc, cred, reason=reason, blocks=sorted(damaged),
                             ranges=self.damaged_ranges(alloc))
             else:
                 self.journal.event("healed", alloc, cred, reason=reason, blocks=before)
-        if damaged and judged:
+        return True
+
+    def log_damage(self, alloc: Allocation, reason: str, judged: bool = True) -> None:
+        """The log's line for damage recorded (record_damage), once it committed."""
+        if not alloc.damaged:
+            return
+        if judged:
             log.error("'%s' has %d block(s) damaged beyond repair (%s): %s", alloc.path,
-                      len(damaged), reason, self.damaged_ranges(alloc))
-        elif damaged:
+                      len(alloc.damaged), reason, self.damaged_ranges(alloc))
+        else:
             log.warning("'%s' has %d damaged block(s) not repaired (%s): %s; `gpumemctl "
                         "verify --repair` or `recover` repairs what ECC can", alloc.path,
-                        len(damaged), reason, self.damaged_ranges(alloc))
+                        len(alloc.damaged), reason, self.damaged_ranges(alloc))
 
     damaged_ranges = staticmethod(damaged_ranges)
 

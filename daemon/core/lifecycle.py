@@ -43,19 +43,44 @@ class Lifecycle:
             self.custody.free(alloc)
 
     def remove_holder(self, holder: Holder) -> None:
-        """Drop a holder; free the memory if that was the last thing keeping it."""
-        self.holders.drop(holder)
+        """Drop a holder, and release a leased allocation it was the last of, in one
+        change; free the memory if that was the last thing keeping it. A file open on the
+        mount has no row: its release writes nothing, and so cannot fail, unless it is the
+        last holder of a leased allocation."""
         alloc = holder.alloc
-        if alloc.holders:
-            return
-        if alloc.unlinked:
-            self.custody.free(alloc)
-        elif alloc.leased and not alloc.durable:
-            with self.journal.change(durable=False):
-                self.ns.forget(alloc)
-                self.journal.event("release", alloc, None,
-                                   reason="last holder of a leased allocation is gone")
-            alloc.unlinked = True
+        if holder.kind in MOUNT_KINDS and not (alloc.leased and len(alloc.holders) == 1):
+            released = self.drop_holders([holder])
+        else:
+            with self.journal.change(durable=False, batch=True):
+                released = self.drop_holders([holder])
+        self.free_released(released)
+
+    def drop_holders(self, holders: list[Holder]) -> list[Allocation]:
+        """Within the caller's change: drop the holders, and a leased allocation whose last
+        holder went leaves the tree; all of it taken back if the change fails. Returns the
+        allocations nothing keeps any more: the caller frees their memory once the change
+        committed (free_released), never before."""
+        released: list[Allocation] = []
+        for holder in holders:
+            self.holders.drop(holder)
+            alloc = holder.alloc
+            if alloc.holders or any(a is alloc for a in released):
+                continue
+            if alloc.unlinked:
+                released.append(alloc)
+            elif alloc.leased and not alloc.durable:
+                with self.journal.change(durable=False):
+                    self.ns.forget(alloc)
+                    self.journal.event("release", alloc, None,
+                                       reason="last holder of a leased allocation is gone")
+                    self.journal.keep(alloc, "unlinked")
+                    alloc.unlinked = True
+                released.append(alloc)
+        return released
+
+    def free_released(self, allocs: list[Allocation]) -> None:
+        """After the change of drop_holders committed: their memory goes."""
+        for alloc in allocs:
             self.custody.free(alloc)
 
     # ---- durability ---------------------------------------------------------------------------

@@ -5,10 +5,14 @@ ends, so both groups reach it here.
 
 - `finish` (a `close` with `restored`): the parity is encoded (the close's parity job),
   blocks the client found damaged in the snapshot are recorded (`degraded`, they read as
-  EIO: the client zeroed them, and zeros are not the data), the row is committed, and then a
-  durable allocation is deposited with the keeper.
+  EIO: the client zeroed them, and zeros are not the data), and a durable allocation is
+  deposited with the keeper.
 - `abort` (a close without `restored`, or the session ended): not restored. A created one is
   removed, any other is `lost` again: a half-restored allocation is never served as whole.
+
+Either way in one change, with the handle's holder: what may fail is checked first, and a
+failure of the registry leaves the refill as it was, to be ended again. Memory goes only
+once the change committed.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from .lifecycle import Lifecycle
 from .namespace import Namespace
 from .nodes import Allocation, Holder
 from .parity import BLOCK as ECC_BLOCK
-from .permissions import Credentials
+from .permissions import Credentials, require_owner
 from .sessions import Session
 
 if TYPE_CHECKING:
@@ -54,17 +58,33 @@ class Refills:
         self._by_holder: dict[int, Refill] = {}     # refill handles by holder id
 
     def add(self, holder_id: int, refill: Refill) -> None:
+        """A refill handle; inside a change, its rollback forgets it again."""
         self._by_holder[holder_id] = refill
+
+        def forget() -> None:
+            self._by_holder.pop(holder_id, None)
+        self.journal.on_rollback(forget)
 
     def of(self, holder_id: int) -> Refill | None:
         return self._by_holder.get(holder_id)
 
+    @staticmethod
+    def require_durable_allowed(alloc: Allocation, cred: Credentials, durable: bool) -> None:
+        """A refill of a durable copy makes the allocation durable at its end, which only
+        its owner may (as `durable` asks)."""
+        if durable and not alloc.durable and not alloc.unlinked:
+            require_owner(alloc, cred, "change the durability of")
+
     def finish(self, session: Session, holder: Holder, damaged: list) -> NodeInfo:
-        """The client wrote every block and says which it found damaged."""
-        refill = self._by_holder.pop(holder.id)
+        """The client wrote every block and says which it found damaged. Checked first
+        (the ranges, who may make it durable): refused, the refill stays, to be finished
+        or abandoned. Then one change: the holder goes, the allocation is ready (or
+        degraded), durable as the snapshot says, deposited with the keeper."""
+        refill = self._by_holder[holder.id]
         alloc, cred = refill.alloc, session.cred
         blocks = _ecc_blocks(damaged, alloc.size or 0)
-        self.lifecycle.remove_holder(holder)
+        self.require_durable_allowed(alloc, cred, refill.durable)
+        reason = "restored from a snapshot block that failed its checksum"
         now = time.time_ns()
         with self.journal.change(durable=alloc.durable or refill.durable):
             self.journal.keep(alloc, "state", "modified_ns", "changed_ns", "unsealed")
@@ -75,44 +95,59 @@ class Refills:
                                       changed_ns=now, unsealed=1 if refill.unsealed else 0)
             self.journal.event("restore", alloc, cred, action="done",
                                damaged_blocks=len(blocks))
-        if blocks:
-            self.integrity.set_damage(alloc, blocks, cred,
-                                      reason="restored from a snapshot block that failed "
-                                             "its checksum")
-        if refill.durable and not alloc.durable:
-            self.lifecycle.set_durable(alloc, cred, True)
-        elif alloc.kept:
-            with self.journal.change(durable=True):
-                self.custody.deposit(alloc)
+            damage_recorded = bool(blocks) and \
+                self.integrity.record_damage(alloc, blocks, cred, reason)
+            if refill.durable and not alloc.durable and not alloc.unlinked:
+                self._make_durable(alloc, cred)
+            released = self._drop_holder(holder)
+            if alloc.kept:
+                self.custody.deposit(alloc)     # its rollback withdraws it
+        if damage_recorded:
+            self.integrity.log_damage(alloc, reason)
+        self.lifecycle.free_released(released)
         self.ns.watchers.data_changed(alloc)
         return describe(alloc, holders=True)
 
-    def abort(self, session: Session, holder: Holder) -> None:
-        """The handle closed without `restored`, or its session ended: not restored."""
-        refill = self._by_holder.pop(holder.id)
-        self.lifecycle.remove_holder(holder)
-        self.undo(refill, session.cred)
+    def _make_durable(self, alloc: Allocation, cred: Credentials) -> None:
+        """Inside finish's change: durable as the snapshot says (Lifecycle.set_durable's
+        row and event; the deposit is finish's). The durable pin replaces any lease."""
+        self.journal.keep(alloc, "durable", "changed_ns", "leased")
+        alloc.durable, alloc.leased = True, False
+        self.registry.nodes.update(alloc.id, durable=1, changed_ns=alloc.changed_ns)
+        self.journal.event("durable", alloc, cred)
+        self.lifecycle.drop_holders(alloc.holders_of("lease"))     # none is released
 
-    def undo(self, refill: Refill, cred: Credentials) -> None:
-        """A refill that will not complete: a created allocation goes, any other is lost."""
-        alloc = refill.alloc
-        if refill.created:
-            if not alloc.unlinked:
-                with self.journal.change(durable=False):
-                    self.ns.forget(alloc)
-                    self.journal.event("restore", alloc, cred, action="abandoned")
-                alloc.unlinked = True
-            if not alloc.holders:
-                self.custody.free(alloc)
-            return
-        self.custody.free(alloc)
+    def abort(self, session: Session, holder: Holder) -> None:
+        """The handle closed without `restored`, or its session ended: not restored. One
+        change (the holder, and the allocation removed or lost); a failure leaves the
+        refill to be abandoned again. Its memory goes once that committed."""
+        refill = self._by_holder[holder.id]
+        alloc, cred = refill.alloc, session.cred
         with self.journal.change(durable=alloc.durable):
-            self.journal.keep(alloc, "state")
-            alloc.state = "lost"
-            self.registry.nodes.update(alloc.id, state="lost")
-            self.journal.event("lost", alloc, cred, reason="a restore from a snapshot did "
-                               "not complete")
+            if refill.created and not alloc.unlinked:
+                self.ns.forget(alloc)
+                self.journal.event("restore", alloc, cred, action="abandoned")
+                self.journal.keep(alloc, "unlinked")
+                alloc.unlinked = True
+            elif not refill.created:
+                self.journal.keep(alloc, "state")
+                alloc.state = "lost"
+                self.registry.nodes.update(alloc.id, state="lost")
+                self.journal.event("lost", alloc, cred, reason="a restore from a snapshot "
+                                   "did not complete")
+            released = self._drop_holder(holder)
+        self.lifecycle.free_released(released)    # a created one, with its last holder
+        if not refill.created:
+            self.custody.free(alloc)              # lost: its memory is gone
         self.journal.node_changed(alloc)
+
+    def _drop_holder(self, holder: Holder) -> list[Allocation]:
+        """Inside finish's or abort's change: the refill and its holder go (the change's
+        rollback puts both back), as Lifecycle.drop_holders drops one. Returns what it
+        released, whose memory goes once the change committed (free_released)."""
+        holder_id, refill = holder.id, self._by_holder.pop(holder.id)
+        self.journal.on_rollback(lambda: self._by_holder.__setitem__(holder_id, refill))
+        return self.lifecycle.drop_holders([holder])
 
 
 def _ecc_blocks(ranges: list, size: int) -> set[int]:

@@ -13,7 +13,7 @@ from ..backends import Backend
 from ..registry import Registry
 from .custody import Custody
 from .holders import IO_KINDS, Holders
-from .integrity import Integrity
+from .integrity import Integrity, ParityJob
 from .journal import Journal
 from .namespace import Namespace
 from .nodes import Allocation
@@ -132,12 +132,35 @@ class Sizing:
         self._dirty.add(alloc.id)
 
     def flush_times(self, alloc: Allocation) -> None:
-        """Commit the size and modified time that writes changed in memory."""
+        """Commit the size and modified time that writes changed in memory (within the
+        caller's change, if it is in one: they stay unflushed if it fails)."""
         if alloc.id not in self._dirty:
             return
-        self._dirty.discard(alloc.id)
-        if not alloc.unlinked:
-            with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
-                self.registry.nodes.update(alloc.id, size=alloc.size,
-                                          modified_ns=alloc.modified_ns,
-                                          changed_ns=alloc.changed_ns)
+        if alloc.unlinked:
+            self._dirty.discard(alloc.id)
+            return
+        with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
+            self.registry.nodes.update(alloc.id, size=alloc.size,
+                                      modified_ns=alloc.modified_ns,
+                                      changed_ns=alloc.changed_ns)
+            self._dirty.discard(alloc.id)
+            self.journal.on_rollback(lambda: self._dirty.add(alloc.id))
+
+    def flush_written(self, alloc: Allocation, job: ParityJob | None) -> None:
+        """The last step of fsync and of a mount writer's last close: the size and times
+        writes changed, and the end of their parity job (Integrity.finish: the WRITING mark
+        gone, blocks written whole healed), in one change that is taken back whole if it
+        fails. The job runs here first if no worker ran it; with nothing to record, no
+        change is opened."""
+        if job is not None and not job.done:
+            job.run()
+        finishing = job is not None and (job.alloc.writing or bool(job.alloc.damaged))
+        if alloc.id not in self._dirty and not finishing:
+            self.integrity.finish(job)
+            return
+        with self.journal.change(durable=False, batch=True):
+            self.flush_times(alloc)
+            if job is not None:
+                self.journal.keep(job.alloc, "writing", "dirty_from", "dirty_to",
+                                  "damaged", "state")
+            self.integrity.finish(job)

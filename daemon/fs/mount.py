@@ -17,6 +17,8 @@ import subprocess
 import pyfuse3
 import trio
 
+from gpumemctl.protocol import GpumemError
+
 from .. import paths
 from ..core.permissions import DAEMON
 from ..verbs import Verbs
@@ -181,5 +183,8 @@ class Mount:
         self.ops.kernel.mounted = False
         self.verbs.reports.remove_watcher(self.ops.kernel)
         pyfuse3.close(unmount=True)
-        run_sync(self.verbs.handles.end_session(self.session))   # after the loop: in one go
+        try:
+            run_sync(self.verbs.handles.end_session(self.session))  # after the loop: in one go
+        except GpumemError as exc:        # a full state disk: the stop releases it all
+            log.warning("the mount's open files are released later: %s", exc)
         log.info("unmounted %s", self.path)

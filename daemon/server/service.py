@@ -93,6 +93,9 @@ class Server:
             try:
                 if session is not None:   # its writers' parity encoded off the loop first
                     await run(self.verbs.handles.end_session(session))
+            except GpumemError as exc:    # a full state disk: released at the next attempt
+                log.warning("what a session of uid %d (pid %d) held is released later: %s",
+                            conn.cred.uid, conn.cred.pid, exc)
             finally:
                 conn.close()
 

@@ -68,7 +68,10 @@ class DataVerbs:
         has been authorised. A write past the size grows the allocation (past the capacity
         with room to spare, GROWTH_FACTOR; NoMemory/ENOSPC when the device is full). Size
         and times change in memory only: flush_times() commits them at release/fsync, as a
-        filesystem does; a reallocation is committed at once."""
+        filesystem does; a reallocation is committed at once.
+
+        The parity's WRITING mark (Integrity.writes_begin, a change that may fail) comes
+        first: a write it refuses has changed nothing, the size included."""
         if cred is not None:
             require(alloc, cred, W)
         if not isinstance(offset, int) or offset < 0:
@@ -76,10 +79,13 @@ class DataVerbs:
         if not len(data):
             return 0            # as write(2): a write of nothing never extends the file
         end = offset + len(data)
+        if alloc.state != "pending":
+            self.custody.require_memory(alloc)   # lost, or being restored: refused here
+        self.integrity.writes_begin(alloc)
         if end > alloc.size:
             self._grow_for_write(alloc, offset, end, session)
         self.custody.require_memory(alloc)
-        self.integrity.writes_begin(alloc)
+        self.integrity.writes_begin(alloc)      # memory a pending allocation just got
         self.backend.write(alloc.buffer, offset, data)
         alloc.modified_ns = alloc.changed_ns = time.time_ns()
         self.integrity.note_written(alloc, offset, end)
@@ -147,9 +153,10 @@ class DataVerbs:
 
     def sync(self, alloc: Allocation) -> Plan[None]:
         """fsync(2): size and times committed, then the parity of the range written through
-        the daemon since the last sync brought up to date, encoded off the loop."""
+        the daemon since the last sync brought up to date, encoded off the loop; the last
+        step commits what changed meanwhile and the parity's end (the WRITING mark, healed
+        blocks) in one change."""
         self.sizing.flush_times(alloc)
         job = self.integrity.job_written(alloc)
         yield ParityWork(job)
-        self.sizing.flush_times(alloc)
-        self.integrity.finish(job)
+        self.sizing.flush_written(alloc, job)

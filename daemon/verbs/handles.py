@@ -9,11 +9,12 @@ stays, no other writer comes.
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING
 
-from gpumemctl.protocol import PermissionDenied, UsageError
+from gpumemctl.protocol import GpumemError, PermissionDenied, UsageError
 
 from ..backends import Backend
 from ..core.custody import Custody
@@ -34,6 +35,8 @@ from .plan import ParityWork, Plan
 if TYPE_CHECKING:
     from gpumemctl.protocol.replies import Node as NodeInfo
 
+log = logging.getLogger("gpumemd")
+
 
 class HandleVerbs:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
@@ -52,41 +55,89 @@ class HandleVerbs:
         self.lifecycle = lifecycle
         self.refills = refills
         self.fds_to_readers = fds_to_readers
+        # The parity work of ended sessions whose release has not committed yet, by session
+        # id and holder id (end_session): a later attempt need not encode it again.
+        self._ending_jobs: dict[int, dict[int, ParityJob | None]] = {}
 
     # ---- sessions ---------------------------------------------------------------------------
     def open_session(self, cred: Credentials, client: str = "") -> Session:
         return self.holders.open_session(cred, client)
 
     def end_session(self, session: Session) -> Plan[None]:
-        """The connection ended (closed, or its process died): release what it held. The
-        parity its writers need is encoded off the loop first; a job not run (the daemon
-        stopping) runs in the last step. An attached writer that did not detach leaves its
-        allocation unsealed."""
+        """The connection ended (closed, or its process died): release what it held, in one
+        change. The parity its writers need is encoded off the loop first; a job not run
+        (the daemon stopping) runs in the last step. An attached writer that did not detach
+        leaves its allocation unsealed.
+
+        A session's end cannot be refused: the client is gone. If its change fails (a full
+        state disk), the error is raised and nothing else changes: the session is closed,
+        and what it held stays held, in memory and in the registry alike, until the next
+        attempt releases it (settle_ended_sessions): any later session's end (each client
+        that disconnects, each CLI command), any open (on the socket or the mount), attach,
+        seal or revoke. Nothing stays held for good."""
+        self.settle_ended_sessions()
         jobs = {h.id: self._parity_job(h) for h in list(session.holders.values())
-                if h.kind == "write"}
+                if h.kind == "write" and self.refills.of(h.id) is None}
         try:
             for job in jobs.values():
                 yield ParityWork(job)
         finally:
-            self._release_session(session, jobs)
+            # In one step with the release: no other attempt (settle_ended_sessions) ever
+            # meets this session while its parity work is under way.
+            self.holders.end_session(session)
+            self._ending_jobs[session.id] = jobs
+            self._release_session(session)
 
-    def _release_session(self, session: Session, jobs: dict[int, ParityJob | None]) -> None:
-        for holder in self.holders.end_session(session):
-            alloc = holder.alloc
-            if self.refills.of(holder.id) is not None:     # a restore that did not finish
-                self.refills.abort(session, holder)
-                continue
-            if holder.kind == "write" and not alloc.unlinked:
-                self.integrity.finish(jobs[holder.id] if holder.id in jobs
-                                      else self.integrity.job_all(alloc))
-                self.integrity.changed_all(alloc)    # it never said what it wrote
-            if holder.kind in WRITER_KINDS and not alloc.unlinked:
-                self.ns.watchers.data_changed(alloc)   # whatever it wrote before it went
-            if holder.kind == "attach-w" and alloc.unsealed and not alloc.unlinked:
-                with self.journal.change(durable=False):
-                    self.journal.event("unsealed", alloc, session.cred, reason="the attached "
-                                       "writer's session ended without detach")
-            self.lifecycle.remove_holder(holder)
+    def settle_ended_sessions(self) -> None:
+        """Release what ended sessions still hold because their release could not be
+        committed (end_session). A failure again (the state disk still full) leaves them
+        for the next attempt."""
+        for session in list(self.holders.ending.values()):
+            try:
+                self._release_session(session)
+            except Exception as exc:     # tried again at the next attempt
+                log.warning("what an ended session of uid %d (pid %d) held is still held: "
+                            "%s; tried again at the next attempt", session.cred.uid,
+                            session.cred.pid, exc, exc_info=not isinstance(exc, GpumemError))
+                return
+
+    def _release_session(self, session: Session) -> None:
+        """One change drops every holder of the ended session (a writer's parity and its
+        WRITING mark, an attached writer's `unsealed` event, a leased allocation's release
+        with it); memory nothing keeps is freed after its commit. A refill's handle gives
+        up the restore (Refills.abort)."""
+        try:
+            self._release_held(session, self._ending_jobs.get(session.id, {}))
+        finally:
+            self.holders.released(session)
+            if session.id not in self.holders.ending:
+                self._ending_jobs.pop(session.id, None)
+
+    def _release_held(self, session: Session, jobs: dict[int, ParityJob | None]) -> None:
+        held = list(session.holders.values())
+        refilling = [h for h in held if self.refills.of(h.id) is not None]
+        plain = [h for h in held if self.refills.of(h.id) is None]
+        writing = {h.id: (jobs[h.id] if h.id in jobs else self.integrity.job_all(h.alloc))
+                   for h in plain if h.kind == "write" and not h.alloc.unlinked}
+        for holder in plain:
+            if holder.id in writing:
+                _run(writing[holder.id])
+                self.integrity.changed_all(holder.alloc)     # it never said what it wrote
+            if holder.kind in WRITER_KINDS and not holder.alloc.unlinked:
+                self.ns.watchers.data_changed(holder.alloc)  # whatever it wrote before it went
+        if plain:
+            with self.journal.change(durable=False, batch=True):
+                for holder in plain:
+                    alloc = holder.alloc
+                    if holder.id in writing:
+                        self._finish(writing[holder.id])
+                    if holder.kind == "attach-w" and alloc.unsealed and not alloc.unlinked:
+                        self.journal.event("unsealed", alloc, session.cred, reason="the "
+                                           "attached writer's session ended without detach")
+                released = self.lifecycle.drop_holders(plain)
+            self.lifecycle.free_released(released)
+        for holder in refilling:                          # a restore that did not finish
+            self.refills.abort(session, holder)
 
     # ---- handles and attachments (the socket) -------------------------------------------------
     def open(self, path: str, cred: Credentials, session: Session, mode: str):
@@ -102,15 +153,16 @@ class HandleVerbs:
         cannot follow writes it does not see."""
         alloc, holder, fd = self._lock_and_export(path, cred, session, mode, ATTACH_KINDS,
                                                   "attach")
-        if mode == "rw":
-            self.integrity.unseal(alloc)
         # With its metadata: a tensor index read here is the one of the memory attached
         # (gpumemctl.tensors), whatever changes after. Attaching needs read permission.
         return holder, fd, describe(alloc, holders=True, metadata=True, cred=cred)
 
     def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,
                          kinds: dict, what: str):
-        """Permission, memory present, the lock; then a new fd and a holder of kinds[mode]."""
+        """Permission, memory present, the lock; then a new fd, and in one change the holder
+        of kinds[mode] with what a writer brings: a handle's WRITING mark, an attachment's
+        `unsealed`. If that change fails, the fd is closed and nothing is left."""
+        self.settle_ended_sessions()
         if mode not in ("r", "rw"):
             raise UsageError(f"invalid {what} mode {mode!r}: expected 'r' or 'rw'")
         alloc = self.ns.lookup_allocation(path, cred)
@@ -122,16 +174,22 @@ class HandleVerbs:
         if alloc.damaged:     # a mapping cannot fail a range: refuse the whole allocation
             self.integrity.require_undamaged(alloc, 0, alloc.size or 0)
         self.holders.require_lockable(alloc, writable)
-        if writable and kinds[mode] == "write":
-            self.integrity.writes_begin(alloc)   # the client writes through its fd from now
-        if writable and kinds[mode] == "attach-w":
-            self.integrity.changed_all(alloc)    # it may write anywhere, unseen
+        kind = kinds[mode]
         fd = self.backend.export(alloc.buffer, writable)
         try:
-            holder = self.holders.add(alloc, session, kinds[mode])
+            with self.journal.change(durable=False, batch=True):
+                if kind == "write":
+                    self.journal.keep(alloc, "writing")
+                    self.integrity.writes_begin(alloc)  # the client writes through its fd
+                holder = self.holders.add(alloc, session, kind)
+                if kind == "attach-w":
+                    self.journal.keep(alloc, "unsealed")
+                    self.integrity.unseal(alloc)     # its parity cannot follow its writes
         except BaseException:
             os.close(fd)
             raise
+        if kind == "attach-w":
+            self.integrity.changed_all(alloc)        # it may write anywhere, unseen
         return alloc, holder, fd
 
     def _require_fd_for_reader(self, alloc: Allocation, cred: Credentials) -> None:
@@ -169,23 +227,38 @@ class HandleVerbs:
 
     def _close_handle(self, session: Session, holder_id: int, written: dict | None,
                       job: ParityJob | None) -> None:
+        """The parity first, then one change: the WRITING mark gone, the times a writer
+        moved, its `write` event and the holder; memory nothing keeps freed after it."""
         holder = self._handle(session, holder_id)
         alloc = holder.alloc
-        if holder.kind == "write" and not alloc.unlinked:
-            self.integrity.finish(job)
+        wrote = holder.kind == "write" and not alloc.unlinked
+        if wrote:      # the bytes changed whatever becomes of the close: said at once
             self.integrity.note_close_written(alloc, written)
             self.ns.watchers.data_changed(alloc)  # written through its fd: the mount's cache goes
-            if written:
-                with self.journal.change(durable=False):
-                    self.journal.keep(alloc, "modified_ns", "changed_ns")
+            _run(job)
+        with self.journal.change(durable=False, batch=True):
+            if wrote:
+                self._finish(job)
+            if wrote and written:
+                with self.journal.change(durable=False):    # committed with it, at once
+                    self.journal.keep(alloc, "modified_ns", "changed_ns", "let_go")
                     _stamp_written(alloc)
                     self.registry.nodes.update(alloc.id, modified_ns=alloc.modified_ns,
                                               changed_ns=alloc.changed_ns)
                     self.journal.event("write", alloc, session.cred, **written)
-        self.lifecycle.remove_holder(holder)
+            released = self.lifecycle.drop_holders([holder])
+        self.lifecycle.free_released(released)
 
     def _handle(self, session: Session, holder_id: int) -> Holder:
         return self.holders.find(session, holder_id, HANDLE_KINDS.values(), "open handle")
+
+    def _finish(self, job: ParityJob | None) -> None:
+        """Integrity.finish within the caller's change, run already (_run): the dirty range,
+        the WRITING mark and the damage it clears come back if that change fails."""
+        if job is not None:
+            self.journal.keep(job.alloc, "writing", "dirty_from", "dirty_to", "damaged",
+                              "state")
+        self.integrity.finish(job)
 
     def _parity_job(self, holder: Holder) -> ParityJob | None:
         """The parity work that releasing `holder` brings (close, release_mount,
@@ -213,10 +286,16 @@ class HandleVerbs:
         yield ParityWork(job)
         holder = self._attachment(session, holder_id)
         alloc = holder.alloc
-        if holder.kind == "attach-w" and not alloc.unlinked:
-            self._seal(alloc, session.cred, "detach", job)
+        seals = holder.kind == "attach-w" and not alloc.unlinked
+        if seals:
+            self._encode_seal(alloc, job)
+        with self.journal.change(durable=False, batch=True):     # the seal and the holder
+            if seals:
+                self._commit_seal(alloc, session.cred, "detach")
+            released = self.lifecycle.drop_holders([holder])
+        self.lifecycle.free_released(released)
+        if seals:
             self.ns.watchers.data_changed(alloc)
-        self.lifecycle.remove_holder(holder)
         return {"info": describe(alloc, cred=session.cred)}
 
     def _attachment(self, session: Session, holder_id: int) -> Holder:
@@ -231,24 +310,30 @@ class HandleVerbs:
         job = self.integrity.job_seal(alloc)
         yield ParityWork(job)
         alloc = self._sealable(path, cred, session)
-        self._seal(alloc, cred, "seal", job)
+        self._encode_seal(alloc, job)
+        self._commit_seal(alloc, cred, "seal")
         self.ns.watchers.data_changed(alloc)  # what the writer wrote is what readers get now
         return describe(alloc, holders=True, cred=cred)
 
     def _sealable(self, path: str, cred: Credentials, session: Session) -> Allocation:
+        self.settle_ended_sessions()       # a crashed writer's end, if it could not commit
         alloc = self.ns.lookup_allocation(path, cred)
         require(alloc, cred, R | W)
         self.holders.require_no_other_writer(alloc, session)
         return alloc
 
-    def _seal(self, alloc: Allocation, cred: Credentials, reason: str,
-              job: ParityJob | None) -> None:
-        """`job`: the first step's, run meanwhile (for another allocation, if the name was
-        given to one meanwhile: then it is encoded here)."""
+    def _encode_seal(self, alloc: Allocation, job: ParityJob | None) -> None:
+        """Before a seal's change: the parity of all the data. `job`: the first step's, run
+        meanwhile (for another allocation, if the name was given to one meanwhile: then it
+        is encoded here)."""
         if alloc.unsealed:
             self.integrity.encode_sealed(alloc, job if job and job.alloc is alloc else None)
+
+    def _commit_seal(self, alloc: Allocation, cred: Credentials, reason: str) -> None:
+        """The seal recorded (in the caller's change, if it is in one)."""
+        if alloc.unsealed:
             with self.journal.change(durable=alloc.durable):
-                self.journal.keep(alloc, "unsealed", "modified_ns", "changed_ns")
+                self.journal.keep(alloc, "unsealed", "modified_ns", "changed_ns", "let_go")
                 alloc.unsealed = False
                 _stamp_written(alloc)
                 self.registry.nodes.update(alloc.id, modified_ns=alloc.modified_ns,
@@ -263,17 +348,18 @@ class HandleVerbs:
         stay valid (no backend can take a mapping back) and see what is written from now;
         their close or detach then answers quietly. Writers are not revoked: writes the
         daemon no longer tracks would leave the parity wrong (docs/security.md)."""
-        revoked = []
-        for holder in alloc.holders_of("read", "attach-r"):
-            if holder.session is session:
-                continue
-            revoked.append(holder.to_dict())
-            holder.session.revoked.add(holder.id)
-            self.lifecycle.remove_holder(holder)
-        if revoked:
-            with self.journal.change(durable=False):
-                self.journal.event("revoke", alloc, cred, holders=len(revoked))
-        return revoked
+        self.settle_ended_sessions()
+        readers = [h for h in alloc.holders_of("read", "attach-r") if h.session is not session]
+        if not readers:
+            return []
+        with self.journal.change(durable=False):          # all of them, or none
+            for holder in readers:
+                holder.session.revoked.add(holder.id)
+            self.journal.on_rollback(lambda: _unrevoke(readers))
+            released = self.lifecycle.drop_holders(readers)
+            self.journal.event("revoke", alloc, cred, holders=len(readers))
+        self.lifecycle.free_released(released)
+        return [holder.to_dict() for holder in readers]
 
     def export_dmabuf(self, path: str, cred: Credentials) -> tuple[int, NodeInfo]:
         """A dma-buf fd of the whole capacity, for RDMA registration. A NIC may read and
@@ -301,6 +387,7 @@ class HandleVerbs:
         written or truncated)."""
         if alloc.state == "lost":
             self.custody.require_memory(alloc)
+        self.settle_ended_sessions()
         return self.holders.add(alloc, session, MOUNT_KINDS[writable], cred)
 
     def release_mount(self, holder: Holder) -> Plan[None]:
@@ -312,12 +399,23 @@ class HandleVerbs:
             job = self._parity_job(holder)
             yield ParityWork(job)
             if holder.kind == "mount-w" and not alloc.unlinked:
-                self.sizing.flush_times(alloc)
-                self.integrity.finish(job)
+                self.sizing.flush_written(alloc, job)
                 if len(alloc.holders_of("mount-w")) == 1:
                     self.sizing.trim(alloc)
         finally:
             self.lifecycle.remove_holder(holder)
+
+
+def _unrevoke(holders: list[Holder]) -> None:
+    """A revoke's change failed: its readers are not revoked after all."""
+    for holder in holders:
+        holder.session.revoked.discard(holder.id)
+
+
+def _run(job: ParityJob | None) -> None:
+    """A job no worker ran (or one that failed there), run here before its change opens."""
+    if job is not None and not job.done:
+        job.run()
 
 
 # ---- the time a writer's data changed, for a commit made after work off the loop ----------

@@ -14,6 +14,7 @@ allocation is never served as whole. How a refill ends is daemon/core/refills.py
 """
 from __future__ import annotations
 
+import os
 import time
 
 from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError, round_up
@@ -54,50 +55,72 @@ class RefillVerbs:
                      force: bool, unsealed: bool, metadata: dict | None = None):
         """Returns (holder, fd, info) of a `write` handle on an allocation now `restoring`.
         `metadata`: the snapshot's user metadata, which becomes the allocation's (all of
-        it, replacing what an existing one had) as the restore begins; None: keep it."""
+        it, replacing what an existing one had) as the restore begins; None: keep it.
+
+        The checks first, then the memory a lost allocation gets; then one change (a
+        missing name's allocation, `restoring`, the metadata, the holder) whose failure
+        gives back all of it; once that committed, the keeper's copy of an allocation
+        refilled over is withdrawn."""
         if not isinstance(size, int) or size < 0:
             raise UsageError(f"invalid size {size!r}: expected bytes, 0 or more")
         entries = usermeta.entries(metadata) if metadata is not None else None
+        request = Request(size, False, mode, device, ecc, session=session, metadata=metadata)
+        new: NewAllocation | None = None
         try:
-            alloc = self.ns.lookup_allocation(path, cred)
+            found = self.ns.lookup_allocation(path, cred)
         except NotFound:
-            alloc = self._create(path, cred, Request(size, False, mode, device, ecc,
-                                                     session=session, metadata=metadata))
-            created, entries = True, None
+            new, entries = self._check_new(path, cred, request), None
         else:
-            created = False
-            self._require_refillable(alloc, cred, size, force)
+            self._require_refillable(found, cred, size, force, durable)
             if entries is not None:
-                self.meta_bounds.check(alloc.path, alloc.uid, alloc.metadata_bytes,
+                self.meta_bounds.check(found.path, found.uid, found.metadata_bytes,
                                        usermeta.size_of(entries))
-        if alloc.state == "lost":
-            self._give_memory(alloc, device)
-        elif not created and alloc.kept:
+        kept = new is None and found.kept
+        was = self._give_memory(found, device) if new is None and found.state == "lost" \
+            else None
+        fd = None
+        try:
+            with self.journal.change(durable=new is None and found.durable):
+                alloc = found if new is None else self._create(new, path, cred, request)
+                if was is not None and was != (alloc.device, alloc.capacity):
+                    self.registry.nodes.update(alloc.id, device=alloc.device,
+                                              capacity=alloc.capacity)
+                self._enter_restoring(alloc, cred, entries)
+                fd = self.backend.export(alloc.buffer, True)
+                holder = self.holders.add(alloc, session, "write")
+                self.refills.add(holder.id, Refill(alloc, new is not None, durable, unsealed))
+        except BaseException:
+            if fd is not None:
+                os.close(fd)
+            if was is not None:             # lost again, as it was: without memory
+                self.custody.free(found)
+                found.device, found.capacity = was
+            raise
+        if kept:
             # Its old contents are given up: from now a crash must find it lost, not adopt
-            # the keeper's copy while it is half overwritten.
+            # the keeper's copy while it is half overwritten (the client has no fd yet).
             self.custody.withdraw_quietly(alloc.id)
         self.integrity.changed_all(alloc)
-        self._enter_restoring(alloc, cred, entries)
-        refill = Refill(alloc, created, durable, unsealed)
-        try:
-            fd = self.backend.export(alloc.buffer, True)
-            holder = self.holders.add(alloc, session, "write")
-        except BaseException:
-            self.refills.undo(refill, cred)
-            raise
-        self.refills.add(holder.id, refill)
+        self.journal.node_changed(alloc)
         return holder, fd, describe(alloc)
 
-    def _create(self, path: str, cred: Credentials, request: Request) -> Allocation:
-        """A missing name: a transient allocation, as `create` makes it."""
+    def _check_new(self, path: str, cred: Credentials, request: Request) -> NewAllocation:
+        """A missing name: where its allocation goes (Creation.check)."""
         new = self.creation.check(path, cred, request)
         if not isinstance(new, NewAllocation):
             raise Exists(f"'{new.path}' already exists")
-        self.creation.make(new, path, cred, request)
-        return self.ns.lookup_allocation(path, cred)
+        return new
+
+    def _create(self, new: NewAllocation, path: str, cred: Credentials,
+                request: Request) -> Allocation:
+        """Inside begin_refill's change: a transient allocation for a missing name, as
+        `create` makes it; the change's rollback frees its memory."""
+        alloc = self.creation.make(new, path, cred, request)
+        self.journal.on_rollback(lambda: self.custody.free(alloc))
+        return alloc
 
     def _require_refillable(self, alloc: Allocation, cred: Credentials, size: int,
-                            force: bool) -> None:
+                            force: bool, durable: bool) -> None:
         require(alloc, cred, W, "restore over")
         if alloc.state == "restoring":
             raise Busy(f"'{alloc.path}' is being restored by another client")
@@ -111,10 +134,14 @@ class RefillVerbs:
         if others:
             raise Busy(f"'{alloc.path}' is in use: " + ", ".join(
                 f"{h.kind} by pid {h.pid}" for h in others))
+        self.refills.require_durable_allowed(alloc, cred, durable)   # what its end does
 
-    def _give_memory(self, alloc: Allocation, device: str | None) -> None:
+    def _give_memory(self, alloc: Allocation, device: str | None) -> tuple[str | None,
+                                                                           int | None]:
         """New, zeroed memory and parity for a lost allocation (not deposited yet), on the
-        device asked for, else its old one, else (gone) the first."""
+        device asked for, else its old one, else (gone) the first. Its new device and
+        capacity are set in memory (the parity is sized by them); returned: the old ones,
+        which the caller puts back, with the memory freed, if its change fails."""
         backend = self.backend
         try:
             dev = backend.device(device if device is not None else alloc.device)
@@ -123,30 +150,28 @@ class RefillVerbs:
                 raise
             dev = backend.device(None)
         capacity = round_up(max(alloc.size or 0, 1), dev.granularity)
+        was = alloc.device, alloc.capacity
         alloc.buffer = self.custody.allocate(dev, alloc.size, capacity, alloc.ecc,
                                              label=alloc.path)
-        if (dev.uuid, capacity) != (alloc.device, alloc.capacity):
-            with self.journal.change(durable=alloc.durable):
-                self.journal.keep(alloc, "device", "capacity")
-                alloc.device, alloc.capacity = dev.uuid, capacity
-                self.registry.nodes.update(alloc.id, device=dev.uuid, capacity=capacity)
+        alloc.device, alloc.capacity = dev.uuid, capacity
         try:
             self.integrity.protect_new(alloc)
         except BaseException:
             self.custody.free(alloc)
+            alloc.device, alloc.capacity = was
             raise
+        return was
 
     def _enter_restoring(self, alloc: Allocation, cred: Credentials,
                          metadata: dict[bytes, bytes] | None = None) -> None:
-        with self.journal.change(durable=alloc.durable):
-            self.journal.keep(alloc, "state")
-            alloc.state = "restoring"
-            self.registry.nodes.update(alloc.id, state="lost")
-            self.journal.event("restore", alloc, cred, action="begin")
-            if metadata is not None and metadata != alloc.metadata:
-                self.ns.metadata.replace(alloc, metadata)
-                self.journal.event("meta", alloc, cred, action="replace", keys=len(metadata))
-        self.journal.node_changed(alloc)
+        """Inside begin_refill's change."""
+        self.journal.keep(alloc, "state")
+        alloc.state = "restoring"
+        self.registry.nodes.update(alloc.id, state="lost")
+        self.journal.event("restore", alloc, cred, action="begin")
+        if metadata is not None and metadata != alloc.metadata:
+            self.ns.metadata.replace(alloc, metadata)
+            self.journal.event("meta", alloc, cred, action="replace", keys=len(metadata))
 
     def queue_restores(self) -> list[Allocation]:
         """restore_on_start: mark every lost allocation as about to be restored."""

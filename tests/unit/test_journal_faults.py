@@ -77,6 +77,23 @@ USER_SEES = ("entries", "free", "kept", "metadata", "metadata_used")
 # later verb leaves what the earlier ones did, so only what a user sees is compared; each of
 # their verbs is also in VERBS on its own (Staged), compared whole.
 COMPOUND = ("close of a writer, parity off the loop", "seal, parity off the loop")
+# Plans whose first step commits on its own what writes changed in memory (the size and
+# times: Sizing.flush_times) before the parity work, and whose last step is one change (the
+# parity's end: the WRITING mark, healed blocks; Sizing.flush_written). When that last change
+# fails, the registry holds the size and times a user saw already (in memory, where `check`
+# compares them); everything else is as before (the WRITING mark, the unsynced range), so an
+# fsync or a close again finishes it. Compared whole but for those columns of the rows.
+FLUSHED_FIRST = ("fsync", "fsync, parity off the loop", "release of a mount writer",
+                 "release of a mount writer, parity off the loop")
+FLUSHED = ("size", "modified_ns", "changed_ns")
+
+
+def _unflushed(m, seen_: dict) -> dict:
+    """`seen_` without the nodes' columns that flush_times commits."""
+    columns = [d[0] for d in m.registry.db.execute("SELECT * FROM nodes LIMIT 0").description]
+    keep = [i for i, column in enumerate(columns) if column not in FLUSHED]
+    rows = [tuple(row[i] for i in keep) for row in seen_["registry"]["nodes"]]
+    return {**seen_, "registry": {**seen_["registry"], "nodes": rows}}
 
 
 def _changed(before, after):
@@ -437,58 +454,7 @@ def statements_of(world, entry) -> int:
     return probe.count
 
 
-# Verbs that this test finds changing something when a registry write fails (issue 25, item
-# 4): each is a bug reported to the lead, marked so that the suite stays green and that its
-# fix turns the mark into a failure to remove (strict). Two kinds:
-_PARTIAL = ("benign partial progress: an earlier step's own change committed (the parity's "
-            "WRITING mark, flushed times, a seal) and a later one failed; retrying is safe")
-KNOWN_BUGS = {
-    # harmful: the state left behind is wrong, or stays wrong for good
-    "attach rw": "the attach-w holder stays (and the exported fd leaks) when unseal's "
-                 "change fails; `unsealed` is set in memory before its change",
-    "write past the end": "the size grows in memory before writes_begin's change: a failed "
-                          "write leaves the file longer, showing bytes past the old size",
-    "revoke": "each reader is dropped in its own change: a failure leaves some revoked",
-    "end session of a writer": "each holder is released in its own change, after the "
-                               "session is gone: a failure leaves holders no one can release",
-    "end session of a writer, parity off the loop": "as `end session of a writer`",
-    "end session of an attached writer": "as `end session of a writer`",
-    "end session holding three": "as `end session of a writer`",
-    "refill a lost allocation": "the new memory stays on the lost allocation (leaked for good "
-                                "at the next refill, which allocates again)",
-    "refill over an allocation (--force)": "the keeper's copy is withdrawn before the "
-                                           "change: a durable allocation is no longer kept",
-    "refill a missing name": "the allocation made for it stays when entering `restoring` "
-                             "fails",
-    "refill finished by its close": "the holder goes before the commit: the allocation "
-                                    "stays `restoring` for good, with no refill to end it",
-    "refill abandoned by its close": "the holder and the memory go before the commit: the "
-                                     "allocation stays `restoring` for good",
-    "refill abandoned by its session's end": "as `refill abandoned by its close`",
-    "access time": "ns.attributes.note_access moves accessed_ns in memory before its "
-                   "change, which registers no undo",
-    "verify, damage found": "the pass's verified time commits before its damage record, "
-                            "which then fails: `info` shows it verified and ready",
-    # benign: a step of the verb committed on its own
-    "open rw": _PARTIAL,
-    "close of a writer": _PARTIAL,
-    "detach of a writer": _PARTIAL,
-    "detach of a writer, parity off the loop": _PARTIAL,
-    "fsync": _PARTIAL,
-    "fsync, parity off the loop": _PARTIAL,
-    "release of a mount writer": _PARTIAL,
-    "release of a mount writer, parity off the loop": _PARTIAL,
-}
-
-
-def _cases():
-    for verb in VERBS:
-        reason = KNOWN_BUGS.get(verb)
-        marks = [pytest.mark.xfail(strict=True, reason=f"bug: {reason}")] if reason else []
-        yield pytest.param(verb, marks=marks, id=verb)
-
-
-@pytest.mark.parametrize("verb", _cases())
+@pytest.mark.parametrize("verb", list(VERBS))
 def test_every_statement_failing_in_turn_leaves_everything_consistent(tmp_path, verb):
     action = VERBS[verb]
     dry = World(_fresh_dir(tmp_path, "dry"))
@@ -531,6 +497,8 @@ def _one_failure(world, verb: str, steps: Staged, fail_at: int) -> list[str]:
     after = seen(m)
     if verb in COMPOUND:        # compared on what a user sees, as before issue 25
         before, after = ({k: v[k] for k in USER_SEES} for v in (before, after))
+    elif verb in FLUSHED_FIRST:
+        before, after = _unflushed(m, before), _unflushed(m, after)
     if after != before:
         changed = {k: _changed(before[k], after[k]) for k in before if before[k] != after[k]}
         problems.append(f"{where}: what a user sees changed: {changed}")
@@ -548,15 +516,16 @@ def _one_failure(world, verb: str, steps: Staged, fail_at: int) -> list[str]:
     return problems
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a session's end that meets a full state disk "
-                   "leaves its holders on the allocation after the session is gone; nothing "
-                   "releases them before a restart")
 def test_a_session_end_that_fails_leaves_no_holder_behind(tmp_path):
+    """A session's end cannot be refused: its client is gone. When its change fails (a full
+    state disk) the error is raised and the session is closed, but what it held stays held,
+    in memory and in the registry alike (`check` is clean), only until the next attempt:
+    here the next open of the allocation, which releases it first."""
     world = World(tmp_path)
     try:
         m = world.m
         _setup(m)
-        session, _ = _held(m, "d/keep", "rw")
+        session, holder_id = _held(m, "d/keep", "rw")
         m.registry.db = FailingConnection(m.registry.db, 2)
         try:
             with pytest.raises(GpumemError):
@@ -564,6 +533,100 @@ def test_a_session_end_that_fails_leaves_no_holder_behind(tmp_path):
         finally:
             m.registry.db = m.registry.db._db
         assert session.closed                   # the connection is gone whatever happens
+        assert holder_id in _alloc(m).holders   # held, as its row says, until the next try
+        clean(m)
         _held(m, "d/keep", "rw")                # so is its lock: a new writer may come
+        assert holder_id not in _alloc(m).holders and not m.holders.ending
+        clean(m)
     finally:
         world.close()
+
+
+def test_a_failed_session_end_is_released_by_the_next_attempt(tmp_path):
+    """Whatever the failed session held goes at the next attempt that works
+    (settle_ended_sessions): one that meets a disk still full leaves it as it is; then any
+    session's end releases it whole: a lease's allocation goes, the memory of a file removed
+    while it was open is freed."""
+    world = World(tmp_path)
+    try:
+        m = world.m
+        _setup(m)
+        session = _whole_session(world)      # a writer of d/keep, a reader of d/trans, a lease
+        removed = _alloc(m, "d/trans")
+        m.names.remove("d/trans", ROOT, force=True)     # its memory stays with the reader
+        m.registry.db = FailingConnection(m.registry.db, 3)
+        try:
+            with pytest.raises(GpumemError):
+                run_sync(m.handles.end_session(session))
+            m.registry.db.fail_at, m.registry.db.count = 1, 0
+            m.handles.settle_ended_sessions()           # the disk is still full: no harm
+        finally:
+            m.registry.db = m.registry.db._db
+        assert len(session.holders) == 3 and m.holders.ending == {session.id: session}
+        assert m.queries.lookup("leased", ROOT) is not None
+        assert m.holders.unlinked_held() == [removed] and removed.buffer is not None
+        clean(m)
+        run_sync(m.handles.end_session(m.handles.open_session(ROOT)))   # another client's
+        assert not session.holders and not m.holders.ending
+        assert m.queries.node_or_none(_id(m, "d/keep")).holders == {}
+        with pytest.raises(GpumemError):
+            m.queries.lookup("leased", ROOT)
+        assert m.holders.unlinked_held() == [] and removed.buffer is None
+        assert m.holders.per_uid == {}
+        clean(m)
+        _held(m, "d/keep", "rw")
+    finally:
+        world.close()
+
+
+def _failing_each(tmp_path, prepare, act, check) -> None:
+    """`act` with each of its statements failing in turn (a fresh world each time), then
+    `check(m, prepared)`."""
+    dry = World(_fresh_dir(tmp_path, "dry"))
+    _setup(dry.m)
+    total = statements_of(dry, Staged(prepare, act))
+    dry.close()
+    for fail_at in range(1, total + 1):
+        world = World(_fresh_dir(tmp_path, f"fail{fail_at}"))
+        try:
+            _setup(world.m)
+            prepared = prepare(world)
+            m = world.m
+            m.registry.db = FailingConnection(m.registry.db, fail_at)
+            try:
+                with pytest.raises(GpumemError):
+                    act(m, prepared)
+            finally:
+                m.registry.db = m.registry.db._db
+            check(m, prepared)
+        finally:
+            world.close()
+
+
+def test_an_attach_that_fails_closes_the_fd_it_exported(tmp_path):
+    """The fd is exported before the attach's change: when that fails, it is closed."""
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def check(m, before: int) -> None:
+        assert fds() == before and not _alloc(m).unsealed
+
+    _failing_each(tmp_path, lambda world: fds(),
+                  lambda m, _: m.handles.attach("d/keep", ROOT, m.handles.open_session(ROOT),
+                                                "rw"), check)
+
+
+def test_a_revoke_that_fails_revokes_no_one(tmp_path):
+    """Its readers keep their handles: their close is a close, not a revoked one's."""
+    def prepare(world):
+        return [_held(world.m, "d/keep", "r"), _held(world.m, "d/keep", "r", "attach")]
+
+    def check(m, readers) -> None:
+        (s1, h1), (s2, h2) = readers
+        assert not s1.revoked and not s2.revoked
+        assert run_sync(m.handles.close(s1, h1)) == {}
+        assert "revoked" not in run_sync(m.handles.detach(s2, h2))
+        clean(m)
+
+    _failing_each(tmp_path, prepare, lambda m, _: m.handles.revoke_readers(
+        _alloc(m), ROOT, m.handles.open_session(ROOT)), check)

@@ -78,12 +78,15 @@ class Attributes:
         if accessed > max(node.modified_ns, node.changed_ns) and \
                 now - accessed < RELATIME_NS:
             return
-        node.accessed_ns = now
-        if self.ns.nodes.get(node.id) is node:        # an unlinked file has no row left
-            # Never fsynced: an access time lost to a power cut harms nobody.
-            with self.ns.journal.change(
-                    durable=False, batch=isinstance(node, Allocation) and not node.durable):
-                self.ns.registry.nodes.update(node.id, accessed_ns=now)
+        if self.ns.nodes.get(node.id) is not node:    # an unlinked file has no row left
+            node.accessed_ns = now
+            return
+        # Never fsynced: an access time lost to a power cut harms nobody.
+        with self.ns.journal.change(
+                durable=False, batch=isinstance(node, Allocation) and not node.durable):
+            self.ns.registry.nodes.update(node.id, accessed_ns=now)
+            self.ns.journal.keep(node, "accessed_ns")
+            node.accessed_ns = now
 
 
 def _ownership_changes(node: Node, cred: Credentials, mode: int | None, uid: int | None,

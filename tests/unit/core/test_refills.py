@@ -3,6 +3,7 @@ backend, keeper double), integrity and lifecycle: how a refill from a snapshot e
 (ready, damage recorded, deposited) or abandoned (a made one removed, any other lost)."""
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -10,10 +11,10 @@ import pytest
 from daemon.core.lifecycle import Lifecycle
 from daemon.core.refills import Refill, Refills
 from daemon.ecc.layout import BLOCK
-from gpumemctl.protocol import UsageError
+from gpumemctl.protocol import NoMemory, UsageError
 from tests.sizes import MiB
 
-from .parts import ALICE, allocation, events, row
+from .parts import ALICE, allocation, events, failing, row
 
 
 @pytest.fixture
@@ -99,10 +100,6 @@ def test_damaged_ranges_must_lie_within_the_allocation(refills, begun, damaged):
         refills.finish(session, holder, damaged=damaged)
 
 
-@pytest.mark.xfail(strict=True, reason="bug (reported): Refills.finish forgets the refill "
-                   "before it checks `damaged`, so a refused close leaves the allocation "
-                   "`restoring` for good: neither a second close nor the session's end "
-                   "abandons it")
 def test_a_refused_finish_leaves_the_refill_to_be_abandoned(registry, refills, begun):
     a, session, holder, _ = begun()
     with pytest.raises(UsageError):
@@ -110,3 +107,74 @@ def test_a_refused_finish_leaves_the_refill_to_be_abandoned(registry, refills, b
     assert refills.of(holder.id) is not None    # still a refill: its end is still to come
     refills.abort(session, holder)
     assert a.state == "lost" and row(registry, a.id)["state"] == "lost"
+
+
+def _until_it_commits(registry, end, unchanged) -> int:
+    """`end()` with its 1st, 2nd, ... registry statement failing (a full state disk), each
+    time on what the failure before left, which `unchanged()` checks is what it was; then
+    with none failing. Returns the statements it took."""
+    for at in itertools.count(1):
+        with failing(registry, at) as conn:
+            try:
+                end()
+            except NoMemory:
+                assert conn.failed is not None
+            else:
+                assert conn.failed is None
+                return at - 1
+        unchanged()
+    raise AssertionError("unreachable")
+
+
+def test_a_finish_that_meets_a_full_state_disk_changes_nothing(registry, backend, kept,
+                                                               holders, integrity, refills,
+                                                               begun, caplog):
+    """The holder, the state, the damage, the durability and the deposit are one change:
+    refused at any statement, the refill is as it was (restoring, held, not kept), and
+    the next finish completes it."""
+    a, session, holder, data = begun(durable=True)
+    integrity.finish(integrity.job_all(a))
+    buffer, hid = a.buffer, holder.id
+
+    def unchanged():
+        assert (a.state, a.damaged, a.buffer) == ("restoring", set(), buffer)
+        assert refills.of(hid) is not None and list(a.holders) == [hid]
+        assert [r["id"] for r in registry.holders.load()] == [hid]
+        assert row(registry, a.id)["state"] == "lost" and kept.kept == {}
+        assert registry.db.execute("SELECT COUNT(*) FROM damage").fetchone()[0] == 0
+        assert events(registry, "restore") == [] and holders.per_uid == {ALICE.uid: 1}
+
+    taken = _until_it_commits(registry, lambda: refills.finish(
+        session, holder, damaged=[[BLOCK + 1, 2 * BLOCK + 1]]), unchanged)
+    assert taken >= 5
+    assert (a.state, a.damaged, row(registry, a.id)["state"]) == ("degraded", {1, 2},
+                                                                   "degraded")
+    assert refills.of(hid) is None and a.holders == {} and registry.holders.load() == []
+    assert a.id in kept.kept and backend.read(a.buffer, 0, a.size) == data
+    for record in caplog.records:
+        if "beyond repair" in record.getMessage():
+            record.expected = True              # logged at ERROR, on purpose
+
+
+@pytest.mark.parametrize("created", [False, True], ids=["lost", "made"])
+def test_an_abort_that_meets_a_full_state_disk_changes_nothing(registry, ns, backend,
+                                                               refills, begun, created):
+    """Abandoned at any statement, the refill stays, with its memory, to be abandoned
+    again (a second close, or the session's end retried); the memory goes only once the
+    allocation is lost, or removed, for good."""
+    a, session, holder, _ = begun(created=created)
+    buffer, hid = a.buffer, holder.id
+
+    def unchanged():
+        assert (a.state, a.buffer, a.unlinked) == ("restoring", buffer, False)
+        assert refills.of(hid) is not None and list(a.holders) == [hid]
+        assert ns.root.children["a"] is a and row(registry, a.id)["state"] == "lost"
+        assert [r["id"] for r in registry.holders.load()] == [hid]
+
+    assert _until_it_commits(registry, lambda: refills.abort(session, holder),
+                             unchanged) >= 3
+    assert a.buffer is None and backend.used == 0 and refills.of(hid) is None
+    if created:
+        assert "a" not in ns.root.children and row(registry, a.id) is None
+    else:
+        assert a.state == "lost" and row(registry, a.id)["state"] == "lost"
