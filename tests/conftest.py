@@ -25,6 +25,17 @@ from tests.harness import (
 )
 
 
+def error_excerpt(log: str) -> str:
+    """The log around its first error or traceback, then its tail: a busy daemon's last
+    4,000 characters need not hold the line that failed the test."""
+    first = min(i for i in (log.find("Traceback"), log.find(" ERROR: ")) if i >= 0)
+    start = log.rfind("\n", 0, max(0, first - 1000)) + 1
+    around = log[start:first + 3000]
+    if start + len(around) >= len(log) - 2000:
+        return log[start:]
+    return around + "\n[...]\n" + log[-2000:]
+
+
 @pytest.fixture
 def daemon_factory():
     made: list[Daemon] = []
@@ -40,7 +51,7 @@ def daemon_factory():
         d.cleanup()
         log = d.log()
         if not d.allow_errors and ("Traceback" in log or " ERROR: " in log):
-            problems.append(log[-4000:])
+            problems.append(error_excerpt(log))
         shutil.rmtree(d.base, ignore_errors=True)
     if problems:
         pytest.fail("gpumemd logged unexpected errors:\n" + "\n---\n".join(problems))
