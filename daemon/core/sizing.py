@@ -67,15 +67,19 @@ class Sizing:
 
         def commit() -> None:    # looked up at call time: tests stand a crash in for it
             self._commit_size(alloc, cred, size, capacity, old_size)
-        if fresh:
-            self.custody.allocate_pending(alloc, dev, size, capacity, commit)
-        elif capacity == alloc.capacity:          # keep the memory: no copy at all
-            if size > alloc.size:
-                self.backend.zero(alloc.buffer, alloc.size, size)
-            commit()
-        else:
-            self.custody.reallocate(alloc, dev, size, capacity, commit)
-        self._protect_resized(alloc, old_size, fresh)
+        # One hold of the parity lock from the new memory to the parity sized for it: a
+        # ParityJob on a worker thread must never see the new buffer and capacity with the
+        # old parity region (its checksums sit where the old block count puts them).
+        with alloc.parity_lock:
+            if fresh:
+                self.custody.allocate_pending(alloc, dev, size, capacity, commit)
+            elif capacity == alloc.capacity:          # keep the memory: no copy at all
+                if size > alloc.size:
+                    self.backend.zero(alloc.buffer, alloc.size, size)
+                commit()
+            else:
+                self.custody.reallocate(alloc, dev, size, capacity, commit)
+            self._protect_resized(alloc, old_size, fresh)
 
     def trim(self, alloc: Allocation) -> None:
         """Give back capacity a write left spare (one device copy), unless a socket client
@@ -85,9 +89,10 @@ class Sizing:
         dev = self.backend.device(alloc.device)
         fit = max(dev.granularity, round_up(alloc.size, dev.granularity))
         if (alloc.capacity or 0) > fit:
-            self.custody.reallocate(alloc, dev, alloc.size, fit,
-                                    lambda: self._commit_capacity(alloc, fit))
-            self._protect_resized(alloc, alloc.size, fresh=False)
+            with alloc.parity_lock:               # as in resize: memory and parity together
+                self.custody.reallocate(alloc, dev, alloc.size, fit,
+                                        lambda: self._commit_capacity(alloc, fit))
+                self._protect_resized(alloc, alloc.size, fresh=False)
 
     def _protect_resized(self, alloc: Allocation, old_size: int, fresh: bool) -> None:
         if self.integrity.protect_resized(alloc, old_size, fresh) and alloc.durable \

@@ -5,9 +5,11 @@ following, and the size and times writes change in memory until flushed."""
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
+from daemon.core.integrity import ParityJob
 from daemon.core.quotas import QuotaExceeded, Quotas
 from daemon.core.sizing import Sizing
 from gpumemctl.protocol import Busy, InvalidState, NoMemory, UsageError
@@ -149,3 +151,42 @@ def test_writes_change_size_and_times_in_memory_until_flushed(registry, ns, back
     sizing.flush_times(a)
     r = row(registry, a.id)
     assert (r["size"], r["modified_ns"]) == (MiB + 10, a.modified_ns)
+
+
+def test_a_parity_worker_never_sees_new_memory_with_the_old_parity(filled, sizing, custody,
+                                                                   integrity, monkeypatch):
+    """A grow replaces the memory (Custody.reallocate), then sizes the parity for it. A
+    ParityJob on a worker thread (a writer's close, off the loop) that took the parity lock
+    between the two encoded against the old, smaller parity region and failed ("offset must
+    be ... no greater than buffer length", seen in test_concurrency under load). The lock is
+    held from one to the other: a worker arriving in between waits, then encodes cleanly."""
+    a, data = filled
+    seen = []
+
+    def worker_in_between():
+        if not a.parity_lock.acquire(blocking=False):
+            seen.append("waited")
+            return
+        try:
+            ParityJob(a, integrity.parity, 0, a.size, heal=False, dirty=(0, a.size)).run()
+            seen.append("ran")
+        except Exception as exc:  # noqa: BLE001 - the failure is the finding
+            seen.append(repr(exc))
+        finally:
+            a.parity_lock.release()
+
+    reallocate = custody.reallocate
+
+    def reallocate_then_a_worker(*args, **kwargs):
+        reallocate(*args, **kwargs)
+        t = threading.Thread(target=worker_in_between)
+        t.start()
+        t.join()
+
+    monkeypatch.setattr(custody, "reallocate", reallocate_then_a_worker)
+    sizing.resize(a, ALICE, 7 * MiB, None)             # capacity 4 -> 8 MiB
+    assert seen == ["waited"]
+    assert (a.size, a.capacity) == (7 * MiB, 8 * MiB)
+    ParityJob(a, integrity.parity, 0, a.size, heal=False, dirty=(0, a.size)).run()
+    assert verifies_clean(integrity, a)
+    assert bytes(sizing.backend.read(a.buffer, 0, len(data))) == data
