@@ -346,19 +346,21 @@ def set_access(ptr: int, size: int, index: int, writable: bool) -> None:
 
 def extends_beyond(handle: int, size: int, index: int) -> bool:
     """True when the allocation is larger than `size` (a multiple of the granularity): maps
-    one granule at offset `size`, which the driver refuses past the end."""
-    gran = granularity(index)
+    `size` plus one granule from offset 0, which the driver refuses for a smaller
+    allocation. Not one granule at offset `size`: the H100's driver (580, CUDA 13.0) answers
+    any non-zero offset with CUDA_ERROR_NOT_SUPPORTED, which read as "no" every time."""
+    span = size + granularity(index)
     with context(index):
-        ptr = reserve(gran)
+        ptr = reserve(span)
         try:
-            map_memory(ptr, gran, handle, size)
+            map_memory(ptr, span, handle, 0)
         except CudaError:   # INVALID_VALUE is the documented answer; any refusal means no
             return False
         else:
-            unmap(ptr, gran)
+            unmap(ptr, span)
             return True
         finally:
-            address_free(ptr, gran)
+            address_free(ptr, span)
 
 
 class Mapping:
