@@ -18,43 +18,10 @@ import pytest
 
 from daemon.verbs.plan import run_sync
 from gpumemctl.protocol import GpumemError
+from tests.registryfaults import FailingConnection
 from tests.sizes import MiB
 
 from .world import ROOT, World, clean, with_workers
-
-FULL = "database or disk is full"
-# Statements that undo or scope a transaction are never made to fail: SQLite itself runs a
-# rollback when a statement fails for a full disk, and so must the registry.
-NEVER_FAILS = ("SAVEPOINT", "ROLLBACK", "RELEASE", "PRAGMA", "SELECT")
-
-
-class FailingConnection:
-    """The registry's SQLite connection, failing its `fail_at`-th writing statement with
-    SQLite's own error for a full disk. A failing COMMIT rolls the transaction back first,
-    as SQLite does when a commit meets a full disk."""
-
-    def __init__(self, db: sqlite3.Connection, fail_at: int | None):
-        self._db, self.fail_at, self.count = db, fail_at, 0
-
-    def _tick(self, sql: str) -> None:
-        if sql.lstrip().upper().startswith(NEVER_FAILS):
-            return
-        self.count += 1
-        if self.count == self.fail_at:
-            if sql.lstrip().upper().startswith("COMMIT"):
-                self._db.execute("ROLLBACK")
-            raise sqlite3.OperationalError(FULL)
-
-    def execute(self, sql, *args):
-        self._tick(sql)
-        return self._db.execute(sql, *args)
-
-    def executemany(self, sql, *args):
-        self._tick(sql)
-        return self._db.executemany(sql, *args)
-
-    def __getattr__(self, name):
-        return getattr(self._db, name)
 
 
 def seen(m) -> dict:

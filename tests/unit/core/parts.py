@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
 from collections.abc import Iterator
 
 from daemon.backends.host import HostBackend, HostBuffer
@@ -15,12 +14,12 @@ from daemon.core.namespace import Namespace
 from daemon.core.nodes import Allocation, Directory
 from daemon.core.permissions import Credentials
 from daemon.registry import Registry
+from tests.registryfaults import FailingConnection
 from tests.sizes import MiB
 
 ROOT = Credentials(pid=os.getpid(), uid=0, gid=0)
 ALICE = Credentials(pid=os.getpid(), uid=1000, gid=1000)
 BOB = Credentials(pid=os.getpid(), uid=1001, gid=1001)
-FULL = "database or disk is full"
 
 
 class TrackedHostBackend(HostBackend):
@@ -83,44 +82,6 @@ def events(registry: Registry, kind: str | None = None) -> list[dict]:
     """The event log's rows (of `kind`), oldest first."""
     rows = registry.db.execute("SELECT * FROM events ORDER BY id").fetchall()
     return [dict(r) for r in rows if kind is None or r["kind"] == kind]
-
-
-# ---- a registry that fails --------------------------------------------------------------------
-class FailingConnection:
-    """The registry's SQLite connection, failing its `fail_at`-th writing statement (not
-    SAVEPOINT, ROLLBACK, RELEASE, PRAGMA or SELECT) with SQLite's full-disk error; a failing
-    COMMIT rolls back first, as SQLite does (tests/unit/test_journal_faults.py does the
-    same for whole verbs)."""
-
-    NEVER_FAILS = ("SAVEPOINT", "ROLLBACK", "RELEASE", "PRAGMA", "SELECT")
-
-    def __init__(self, db: sqlite3.Connection, fail_at: int | None):
-        self._db, self.fail_at, self.count = db, fail_at, 0
-        self.statements: list[str] = []
-        self.failed: str | None = None       # the statement made to fail
-
-    def _tick(self, sql: str) -> None:
-        words = sql.lstrip().upper()
-        if words.startswith(self.NEVER_FAILS):
-            return
-        self.count += 1
-        self.statements.append(" ".join(sql.split())[:60])
-        if self.count == self.fail_at:
-            self.failed = self.statements[-1]
-            if words.startswith("COMMIT"):
-                self._db.execute("ROLLBACK")
-            raise sqlite3.OperationalError(FULL)
-
-    def execute(self, sql, *args):
-        self._tick(sql)
-        return self._db.execute(sql, *args)
-
-    def executemany(self, sql, *args):
-        self._tick(sql)
-        return self._db.executemany(sql, *args)
-
-    def __getattr__(self, name):
-        return getattr(self._db, name)
 
 
 @contextlib.contextmanager

@@ -10,8 +10,9 @@ import pytest
 from daemon.core.journal import Journal
 from daemon.core.nodes import Directory
 from gpumemctl.protocol import InternalError, NoMemory
+from tests.registryfaults import FULL
 
-from .parts import ALICE, FULL, events, failing, row
+from .parts import ALICE, events, failing, row
 
 
 class Thing:
