@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from .backends import Backend
+from .backends.packed import PackedBackend
 from .core import usermeta
 from .core.adoption import Adoption
 from .core.creation import Creation
@@ -20,6 +21,7 @@ from .core.permissions import administrative_uid
 from .core.quotas import Quotas
 from .core.refills import Refills
 from .core.sizing import Sizing
+from .core.slabs import Slabs
 from .registry import Registry
 from .verbs import Verbs
 from .verbs.checks import Checks
@@ -38,7 +40,7 @@ from .verbs.service import ServiceVerbs
 class Core:
     """The layers under the verbs (docs/architecture.md), for the composition root only."""
     registry: Registry
-    backend: Backend
+    backend: PackedBackend
     keeper: Any                 # ProcessKeeper or SystemdFdStore (daemon/keeper/link.py)
     journal: Journal
     ns: Namespace
@@ -67,6 +69,7 @@ class Config:
     mountpoint: str | None = None     # absolute link targets under it are followed
     metadata_max_bytes: int = usermeta.DEFAULT_MAX_BYTES        # daemon/core/usermeta.py
     metadata_user_max_bytes: int = usermeta.DEFAULT_USER_MAX_BYTES
+    slabs: bool = False               # config `slabs`: small allocations packed (storage.md)
 
 
 def build(registry: Registry, backend: Backend, keeper: Any,
@@ -77,12 +80,16 @@ def build(registry: Registry, backend: Backend, keeper: Any,
 
 
 def build_core(registry: Registry, backend: Backend, keeper: Any, config: Config) -> Core:
+    # The core addresses memory through the packing layer: small allocations in slabs.
+    backend = backend if isinstance(backend, PackedBackend) else \
+        PackedBackend(backend, slabs=config.slabs)
     journal = Journal(registry)
     ns = Namespace(registry, journal)
     ns.max_names_per_uid = config.max_names_per_uid
     ns.resolver.mountpoint = config.mountpoint
     integrity = Integrity(registry, journal, backend)
-    custody = Custody(registry, journal, backend, keeper, ns, integrity.parity)
+    custody = Custody(registry, journal, backend, keeper, ns, integrity.parity,
+                      Slabs(registry, journal, backend, keeper))
     holders = Holders(registry, journal)
     holders.max_per_uid = config.max_handles_per_uid
     quotas = Quotas(ns.allocations, config.quotas, kept=holders.unlinked_held,

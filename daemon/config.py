@@ -288,6 +288,10 @@ KEYS: tuple[Key, ...] = (
     Key("metadata_user_max_bytes", "size", "64M",
         "user metadata all of one uid's allocations and directories may hold together; root "
         "and the daemon's own uid are not limited by it", _size(zero_ok=True)),
+    Key("slabs", "boolean", "false",
+        "pack allocations of up to half a granule into slabs of their owner's (issue 26, "
+        "docs/storage.md): a 4 KiB file then takes 4 KiB and no descriptor of its own; "
+        "an fd of one (open, attach, dma-buf) first moves it into memory of its own", _bool),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -324,6 +328,7 @@ class Config:
     restore_on_start: bool | None = None
     metadata_max_bytes: int | None = None
     metadata_user_max_bytes: int | None = None
+    slabs: bool | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -443,6 +448,7 @@ def apply(args, config: Config) -> None:
                                     if config.metadata_user_max_bytes is None
                                     else config.metadata_user_max_bytes)
     args.snapshot_dir = config.snapshot_dir
+    args.slabs = bool(config.slabs)
     args.snapshot_on_stop = bool(config.snapshot_on_stop)
     args.restore_on_start = bool(config.restore_on_start)
     if (args.snapshot_on_stop or args.restore_on_start) and not args.snapshot_dir:

@@ -438,7 +438,7 @@ def _main(args, lines: ClientLines | None = None) -> int:
         max_handles_per_uid=args.max_handles_per_uid,
         fds_to_readers=args.cuda_fds_to_readers, mountpoint=mount_path,
         metadata_max_bytes=args.metadata_max_bytes,
-        metadata_user_max_bytes=args.metadata_user_max_bytes))
+        metadata_user_max_bytes=args.metadata_user_max_bytes, slabs=args.slabs))
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
     try:
@@ -457,7 +457,7 @@ def _main(args, lines: ClientLines | None = None) -> int:
              "transients dropped", summary)
     fds.watch(core.quotas.allocations, core.quotas.kept, lambda: len(core.ns.nodes),
               lambda uid: core.ns.nodes.owned.get(uid, 0), administrative_uid)
-    core.custody.fds = fds
+    core.custody.fds, fds.slab_fds = fds, core.backend.pool.slab_fds
     server = Server(verbs, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path},
                     scrubber=Scrubber(verbs, default_rate=args.scrub_rate),

@@ -76,6 +76,8 @@ class Handle:
         elif self._written:
             written = {"offset": self._written["offset"],
                        "bytes": self._written["end"] - self._written["offset"]}
+        elif self.writable:
+            written = {"ranges": []}     # wrote nothing: no parity to encode at close
         try:
             memory.close()
         finally:                 # the lock goes even if unmapping failed

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from gpumemctl.protocol import InternalError, InvalidState
 
-from ..backends import Backend
+from ..backends.packed import PackedBackend
 from ..ecc.layout import BLOCK
 from ..registry import Registry
 from .custody import Custody
@@ -28,6 +28,7 @@ from .nodes import WRITER_KINDS, Allocation, Directory
 from .orphans import POLICIES, OrphansHeld, capacity_of, classify, entry_name, held
 from .parity import Parity
 from .permissions import DAEMON, Credentials
+from .slabs import is_slab_key
 
 log = logging.getLogger("gpumemd")
 
@@ -36,7 +37,7 @@ class Adoption:
     """The keeper's holdings and the registry's rows made to agree (see the module
     docstring); built once, beside custody, and used by ServiceVerbs."""
 
-    def __init__(self, registry: Registry, journal: Journal, backend: Backend, keeper,
+    def __init__(self, registry: Registry, journal: Journal, backend: PackedBackend, keeper,
                  namespace: Namespace, parity: Parity, custody: Custody):
         self.registry = registry
         self.journal = journal
@@ -60,6 +61,9 @@ class Adoption:
         self.keeper.ensure_running()
         kept = self.keeper.fetch_all()
         metas = self.keeper.entries()
+        slabs_lost = self.custody.slabs.adopt_all(kept)     # the slab keys leave `kept`
+        if metas is not None:
+            metas = {k: m for k, m in metas.items() if not is_slab_key(k)}
         strays = self.take_strays(kept, metas, orphans)
         summary = {"adopted": 0, "lost": 0, "orphans_freed": 0, "orphans_adopted": 0,
                    "transients_dropped": 0}
@@ -71,7 +75,7 @@ class Adoption:
             self.registry.holders.clear()
             if kept or strays:      # no new id may alias a key the keeper holds
                 self.ns.ids.reserve_up_to(max(abs(k) for k in [*kept, *strays]))
-            self._adopt_listed(kept, summary)
+            self._adopt_listed(kept, summary, slabs_lost)
             for key, fds in kept.items():
                 self.free_orphan(key, fds)
                 summary["orphans_freed"] += 1
@@ -110,10 +114,12 @@ class Adoption:
             # carries no text (daemon/core/events.py, CLIENT_REPORTED).
             self.journal.event("write", alloc, writer, range_unknown=True)
 
-    def _adopt_listed(self, kept: dict[int, list[int]], summary: dict) -> None:
+    def _adopt_listed(self, kept: dict[int, list[int]], summary: dict,
+                      slabs_lost: dict[int, str]) -> None:
         """Each listed allocation: a transient one is dropped (it never outlives the
-        daemon), a durable one takes back what the keeper kept, or is `lost`. What it takes
-        leaves `kept`."""
+        daemon), a durable one takes back what the keeper kept (its slot, for one kept in a
+        slab), or is `lost`. What it takes leaves `kept`."""
+        placed = self.registry.slabs.placements()
         for alloc in self.ns.allocations():
             if not alloc.durable:
                 self.ns.forget(alloc)
@@ -121,6 +127,9 @@ class Adoption:
                 summary["transients_dropped"] += 1
             elif alloc.capacity is None:
                 continue  # durable but pending: there is no memory to adopt
+            elif alloc.id in placed:
+                adopted = self._adopt_slot(alloc, *placed[alloc.id], slabs_lost)
+                summary["adopted" if adopted else "lost"] += 1
             elif alloc.id in kept or -alloc.id in kept:
                 adopted = self._adopt(alloc, kept.pop(alloc.id, None),
                                       kept.pop(-alloc.id, None))
@@ -197,6 +206,24 @@ class Adoption:
             return True
         self._mark_lost(alloc, f"re-adoption failed: {error}")
         return False
+
+    def _adopt_slot(self, alloc: Allocation, slab_id: int, offset: int,
+                    slabs_lost: dict[int, str]) -> bool:
+        """Take back a slot in a kept slab: no keeper call, its parity is the slab's. A
+        copy the keeper still holds under the id (a move into the slot that committed
+        before its withdraw) stays in `kept`, freed as crash residue."""
+        try:
+            alloc.buffer = self.custody.slabs.slot_at(slab_id, offset, alloc.capacity or 0)
+        except InternalError as exc:
+            self._mark_lost(alloc, slabs_lost.get(slab_id) or str(exc))
+            return False
+        self.custody.bind(alloc)
+        if alloc.ecc == "rs":
+            alloc.parity = self.backend.pool.slot_parity(alloc.buffer)
+        if alloc.state in ("lost", "pending"):
+            alloc.state = "ready"
+            self.registry.nodes.update(alloc.id, state="ready")
+        return True
 
     def _adopt_parity(self, alloc: Allocation, fds: list[int]) -> None:
         """Take back the parity the keeper kept; a missing or wrong-sized one is rebuilt

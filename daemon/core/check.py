@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 
+from ..backends.slabs import Slot, placement
 from ..keeper.link import KeeperGone
 from ..registry import Registry, stored_name
 from .custody import Custody
 from .holders import MOUNT_KINDS
 from .namespace import Namespace
 from .nodes import Allocation, kind_of
+from .slabs import SLAB_KEY_BASE
 
 # Registry columns compared with the in-memory node; (column, attribute, to-db conversion).
 _FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),
@@ -166,7 +168,9 @@ class Checker:
         except KeeperGone as exc:
             self._problem("keeper", f"keeper unreachable: {exc}")
             return
-        wanted = {a.id: a for a in self.ns.allocations() if a.kept}
+        wanted = {a.id: a for a in self.ns.allocations()
+                  if a.kept and not isinstance(a.buffer, Slot)}
+        kept -= {SLAB_KEY_BASE + slab_id for slab_id in self.custody.backend.pool.slabs}
         for key in sorted(set(wanted) - kept):
             self._problem("keeper", f"durable '{wanted[key].path}' (id {key}) is not held by "
                           "the keeper: a daemon crash now would lose it",
@@ -174,6 +178,40 @@ class Checker:
         for key in sorted(kept - set(wanted)):
             self._problem("keeper", f"the keeper holds memory under id {key}, which is no "
                           "durable allocation", lambda k=key: self._withdraw(k))
+
+    def check_slabs(self) -> None:
+        """Every slab in memory has its row and the keeper holds it; every allocation in a
+        slot has its slab and offset in its row, in bounds, of its class (docs/storage.md).
+        Repairs write the daemon's placement into the row."""
+        slabs = self.custody.backend.pool.slabs
+        rows = {r["id"]: r for r in self.registry.slabs.load()}
+        for slab_id in sorted(set(slabs) - set(rows)):
+            self._problem("slabs", f"slab {slab_id} is held but has no registry row")
+        try:
+            kept = set(self.keeper.keys())
+        except KeeperGone:
+            kept = None                      # check_keeper_holds_durable says so
+        for slab_id in sorted(slabs):
+            if kept is not None and SLAB_KEY_BASE + slab_id not in kept:
+                self._problem("slabs", f"the keeper does not hold slab {slab_id}: a daemon "
+                              "crash now would lose its durable allocations")
+        placed = self.registry.slabs.placements()
+        for alloc in self.ns.allocations():
+            buf = alloc.buffer
+            want = (buf.slab.id, buf.offset) if isinstance(buf, Slot) else None
+            if placed.get(alloc.id) != want:
+                self._problem("slabs", f"'{alloc.path}' (id {alloc.id}) is at "
+                              f"{want or 'memory of its own'}, its row says "
+                              f"{placed.get(alloc.id) or 'memory of its own'}",
+                              lambda a=alloc: self._rewrite_placement(a))
+            if isinstance(buf, Slot) and (buf.slab.used.get(buf.offset) is not buf or
+                                          not buf.slab.fits(buf.offset)):
+                self._problem("slabs", f"'{alloc.path}' (id {alloc.id}) is not a used slot "
+                              f"of slab {buf.slab.id} at offset {buf.offset}")
+
+    def _rewrite_placement(self, alloc: Allocation) -> None:
+        with self.registry.transaction(durable=True):
+            self.registry.nodes.update(alloc.id, **placement(alloc.buffer))
 
     def _withdraw(self, key: int) -> None:
         with contextlib.suppress(KeeperGone):

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpumemctl.protocol import UsageError, round_up, split_path
+from gpumemctl.protocol import UsageError, split_path
 from gpumemctl.protocol.defaults import DIR_MODE, FILE_MODE
 
-from ..backends import Backend, DeviceInfo
+from ..backends import DeviceInfo
+from ..backends.packed import PackedBackend
 from . import usermeta
 from .custody import Custody, Prepared
 from .holders import Holders
@@ -55,7 +56,7 @@ class NewAllocation:
 
 
 class Creation:
-    def __init__(self, journal: Journal, namespace: Namespace, backend: Backend,
+    def __init__(self, journal: Journal, namespace: Namespace, backend: PackedBackend,
                  custody: Custody, integrity: Integrity, holders: Holders, quotas: Quotas,
                  meta_bounds: usermeta.Bounds, default_ecc: str):
         """`default_ecc`: the ECC of creates that name none (config `ecc`)."""
@@ -93,13 +94,19 @@ class Creation:
             return existing
         require(parent, cred, W | X, "create entries in")
         dev = self.backend.device(request.device)
-        capacity = round_up(size, dev.granularity)
+        capacity = self.backend.capacity_for(dev, size)     # a slot's class, or granules
         self.custody.require_could_fit(dev, size, ecc)
         self.quotas.check(cred.uid, capacity)
-        self.custody.require_fds(cred.uid, ecc)       # its descriptors (daemon/core/fdbudget.py)
+        if not self.backend.packs(capacity, dev):     # a slot holds no descriptor of its own
+            self.custody.require_fds(cred.uid, ecc)   # (daemon/core/fdbudget.py)
         if entries:
             self.meta_bounds.check("/".join(parts), cred.uid, 0, usermeta.size_of(entries))
         return NewAllocation(parent, missing, parts[-1], dev, capacity, ecc, entries)
+
+    def packed(self, new: NewAllocation) -> bool:
+        """Whether the new allocation's memory will be a slot: its slab is kept already, so
+        a durable create needs no keeper deposit of its own (NameVerbs.create)."""
+        return self.backend.packs(new.capacity, new.device)
 
     def prepare(self, new: NewAllocation, path: str, cred: Credentials,
                 request: Request) -> Prepared:
@@ -117,7 +124,7 @@ class Creation:
         size, durable, lease = request.size, request.durable, request.lease
         dev = new.device
         buf = prepared.alloc.buffer if prepared is not None else \
-            self.custody.allocate(dev, size, new.capacity, new.ecc, label=path)
+            self.custody.allocate(dev, size, new.capacity, new.ecc, label=path, uid=cred.uid)
         alloc = None
         try:
             with self.journal.change(durable=durable, batch=not durable and not new.missing):
@@ -131,6 +138,7 @@ class Creation:
                     ecc=new.ecc, buffer=buf, leased=lease,
                     node_id=prepared.alloc.id if prepared else None,
                     parity=prepared.alloc.parity if prepared else None)
+                self.custody.bind(alloc)
                 if new.entries:
                     self.ns.metadata.replace(alloc, new.entries)
                 if prepared is None:

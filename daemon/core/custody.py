@@ -25,9 +25,10 @@ import logging
 import os
 from collections.abc import Callable
 
-from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory, round_up
+from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory
 
-from ..backends import Backend
+from ..backends.packed import PackedBackend
+from ..backends.slabs import Slot, SlotParity
 from ..keeper.link import FdStoreFull, KeeperGone, KeeperStalled
 from ..registry import Registry
 from .fdbudget import FdBudget, fds_for
@@ -35,6 +36,7 @@ from .journal import Journal
 from .namespace import Namespace
 from .nodes import Allocation
 from .parity import Parity
+from .slabs import Slabs
 
 log = logging.getLogger("gpumemd")
 
@@ -64,8 +66,10 @@ class Prepared:
 
 
 class Custody:
-    def __init__(self, registry: Registry, journal: Journal, backend: Backend, keeper,
-                 namespace: Namespace, parity: Parity):
+    def __init__(self, registry: Registry, journal: Journal, backend: PackedBackend, keeper,
+                 namespace: Namespace, parity: Parity, slabs: Slabs | None = None):
+        self.slabs = slabs if slabs is not None else Slabs(registry, journal, backend, keeper)
+        self.slabs.require_fds = self.require_fds
         self.registry = registry
         self.journal = journal
         self.backend = backend
@@ -80,25 +84,42 @@ class Custody:
         if self.fds is not None:
             self.fds.require(uid, fds_for(ecc))
 
-    def allocate(self, dev, size: int, capacity: int, ecc: str, label: str):
+    def allocate(self, dev, size: int, capacity: int, ecc: str, label: str,
+                 uid: int | None = None):
         """Memory for a new allocation of `size`, once the device has room for its capacity
-        and its parity (NoMemory/ENOSPC otherwise), and gpumemd descriptors for both."""
+        and its parity (NoMemory/ENOSPC otherwise), and gpumemd descriptors for both. With
+        the owner `uid`, a capacity that packs is a slot in one of its slabs."""
+        if uid is not None and self.backend.packs(capacity, dev):
+            return self.slabs.place(uid, dev.uuid, ecc, capacity)
         self.require_fds(None, ecc)
         self.backend.check_free(dev, capacity + self.parity.extra(ecc, dev, capacity),
                                 requested=size)
         return self.backend.allocate(capacity, dev.uuid, label=label)
 
+    @staticmethod
+    def bind(alloc: Allocation) -> None:
+        """A slot knows its allocation (the neighbour checks of verify: parity.py)."""
+        if isinstance(alloc.buffer, Slot):
+            alloc.buffer.tenant = alloc
+
     def deposit(self, alloc: Allocation) -> None:
         """Hand the keeper the allocation's fds: [data] or [data, parity]; a rollback of
-        the transaction around it takes them back."""
-        self.send(self.handover(alloc))
+        the transaction around it takes them back. A slot's memory is its slab's, which
+        the keeper holds already: nothing to send."""
+        deposit = self.handover(alloc)
+        if deposit is None:
+            return
+        self.send(deposit)
         self.journal.on_rollback(lambda: self.withdraw_quietly(alloc.id))
 
-    def handover(self, alloc: Allocation) -> Deposit:
+    def handover(self, alloc: Allocation) -> Deposit | None:
         """What depositing `alloc` sends, its fds taken now (on the event loop): send() may
-        then run on a worker thread while the loop goes on."""
+        then run on a worker thread while the loop goes on. None for a slot (its slab is
+        kept already)."""
+        if isinstance(alloc.buffer, Slot):
+            return None
         fds = self.backend.keeper_fds(alloc.buffer)
-        if alloc.parity is not None:
+        if alloc.parity is not None and not isinstance(alloc.parity, SlotParity):
             fds += self.backend.keeper_fds(alloc.parity)
         return Deposit(alloc.id, f"make '{alloc.path or alloc.name}' durable", fds,
                        {"capacity": alloc.capacity, "device": alloc.device,
@@ -113,7 +134,8 @@ class Custody:
         alloc = Allocation(id=node_id, name=label, parent=None, uid=cred.uid, gid=cred.gid,
                            mode=mode, created_ns=0, modified_ns=0, changed_ns=0, size=size,
                            capacity=capacity, device=dev.uuid, durable=True, state="ready",
-                           ecc=ecc, buffer=self.allocate(dev, size, capacity, ecc, label))
+                           ecc=ecc, buffer=self.allocate(dev, size, capacity, ecc, label,
+                                                         uid=cred.uid))
         prepared = Prepared(alloc, dir_ids)
         try:
             self.parity.ensure(alloc, fresh=True)
@@ -202,17 +224,20 @@ class Custody:
 
     def _footprint(self, dev, size: int, ecc: str) -> int:
         """Bytes an allocation of `size` takes on `dev`: its capacity and its ECC parity."""
-        capacity = round_up(max(size, 1), dev.granularity)
+        capacity = self.backend.capacity_for(dev, max(size, 1))
         return capacity + self.parity.extra(ecc, dev, capacity)
 
     def allocate_pending(self, alloc: Allocation, dev, size: int,
                           capacity: int, commit: Callable[[], None]) -> None:
         """Same order as create: allocate, deposit (durable), commit. A crash before the
         commit leaves the row pending and the keeper's copy an orphan the next start frees."""
-        self.require_fds(alloc.uid, alloc.ecc)
-        self.backend.check_free(dev, capacity + self.parity.extra(alloc.ecc, dev, capacity),
-                                requested=size)
-        alloc.buffer = self.backend.allocate(capacity, dev.uuid, label=alloc.path)
+        if not self.backend.packs(capacity, dev):
+            self.require_fds(alloc.uid, alloc.ecc)
+            self.backend.check_free(dev, capacity + self.parity.extra(alloc.ecc, dev,
+                                                                      capacity), requested=size)
+        alloc.buffer = self.allocate(dev, size, capacity, alloc.ecc, alloc.path,
+                                     uid=alloc.uid)
+        self.bind(alloc)
         alloc.device, alloc.state = dev.uuid, "ready"
         try:
             self.backend.zero(alloc.buffer, 0, size)
@@ -241,30 +266,39 @@ class Custody:
                     capacity: int, commit: Callable[[], None]) -> None:
         if self._resize_in_place(alloc, dev, size, capacity, commit):
             return
-        self.backend.check_free(dev, capacity, requested=size)
-        new = self.backend.allocate(capacity, dev.uuid, label=alloc.path)
+        if not self.backend.packs(capacity, dev):
+            self.backend.check_free(dev, capacity, requested=size)
+        new = self.allocate(dev, size, capacity, alloc.ecc, alloc.path, uid=alloc.uid)
         old, old_size = alloc.buffer, alloc.size
         kept = alloc.durable and not alloc.unlinked
+        # A slot needs no deposit (its slab is kept), and memory of its own is staged
+        # under -id; after the commit, what the keeper held of the old memory goes.
+        staged = kept and not isinstance(new, Slot)
         try:
             kept_bytes = min(old_size, size)
             self.backend.copy(old, new, kept_bytes)
             if size > kept_bytes:
                 self.backend.zero(new, kept_bytes, size)
-            if kept:
+            if staged:
                 self.stage(-alloc.id, new, capacity, dev.uuid)
             alloc.buffer = new
+            self.bind(alloc)
             commit()
         except BaseException:
             alloc.buffer = old
-            if kept:
+            self.bind(alloc)
+            if staged:
                 with contextlib.suppress(KeeperGone):
                     self.keeper.withdraw(-alloc.id)
             self.backend.free(new)
             raise
         if kept:
             try:
-                self.deposit(alloc)
-                self.keeper.withdraw(-alloc.id)
+                if staged:
+                    self.deposit(alloc)
+                    self.keeper.withdraw(-alloc.id)
+                elif not isinstance(old, Slot):
+                    self.keeper.withdraw(alloc.id)     # now in a slot: the slab is kept
             except (KeeperGone, InternalError) as exc:   # Adoption.redeposit_all repairs
                 log.warning("keeper update after resizing '%s' failed: %s", alloc.path, exc)
         self.backend.free(old)
@@ -275,7 +309,8 @@ class Custody:
         keeper holds the same memory, so only the order against the registry matters: grow
         before the commit, shrink after it; a crash between leaves the memory larger than
         the committed capacity, which adoption trims (HostBackend.adopt)."""
-        if not self.backend.resizes_in_place:
+        if not self.backend.resizes_in_place or isinstance(alloc.buffer, Slot) or \
+                self.backend.packs(capacity, dev):
             return False
         old_capacity, old_size = alloc.capacity or 0, alloc.size
         if capacity > old_capacity:

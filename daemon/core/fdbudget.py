@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING
 
 from gpumemctl.protocol import NoMemory
 
+from ..backends.slabs import Slot
+
 if TYPE_CHECKING:
     from .nodes import Allocation
 
@@ -59,7 +61,10 @@ def raise_open_file_limit() -> tuple[int, int]:
 
 
 def fds_of(alloc: Allocation) -> int:
-    """Descriptors an allocation holds in gpumemd now: its memory's and its parity's."""
+    """Descriptors an allocation holds in gpumemd now: its memory's and its parity's (none
+    for a slot: its slab's are counted once, FdBudget.watch's `slabs`)."""
+    if isinstance(alloc.buffer, Slot):
+        return 0
     return (alloc.buffer is not None) + (alloc.parity is not None)
 
 
@@ -89,6 +94,8 @@ class FdBudget:
         self._kept: Callable[[], list[Allocation]] = list
         self._nodes: Callable[[], int] = lambda: 0
         self._names_of: Callable[[int], int] = lambda uid: 0
+        # Descriptors of slabs (a uid's, or None: all), which slots share.
+        self.slab_fds: Callable[[int | None], int] = lambda uid: 0
 
     def watch(self, allocations: Callable[[], list[Allocation]],
               kept: Callable[[], list[Allocation]], nodes: Callable[[], int],
@@ -115,15 +122,18 @@ class FdBudget:
         limit = self.allocations if admin else self.for_users
         kept = self._kept()
         holding: list[Allocation] | None = None
-        if FDS_PER_ALLOCATION * (self._nodes() + len(kept)) + more > limit:
+        slabs = self.slab_fds(None)
+        if FDS_PER_ALLOCATION * (self._nodes() + len(kept)) + slabs + more > limit:
             holding = self._allocations() + kept
-            if (used := self._used(holding)) + more > limit:
+            if (used := self._used(holding) + slabs) + more > limit:
                 raise self._total_error(used, more, limit, admin)
         if uid is None or admin:
             return
-        if FDS_PER_ALLOCATION * (self._names_of(uid) + len(kept)) + more > self.per_uid:
+        slabs = self.slab_fds(uid)
+        if FDS_PER_ALLOCATION * (self._names_of(uid) + len(kept)) + slabs + more > \
+                self.per_uid:
             holding = self._allocations() + kept if holding is None else holding
-            if (mine := self._used([a for a in holding if a.uid == uid])) + more > \
+            if (mine := self._used([a for a in holding if a.uid == uid]) + slabs) + more > \
                     self.per_uid:
                 raise self._share_error(uid, mine, more)
 

@@ -30,13 +30,38 @@ from .describe import damaged_ranges
 from .journal import Journal
 from .namespace import SEALED, UNSEALED, WRITING
 from .nodes import Allocation
-from .parity import Parity, block_range, protected_blocks
+from .parity import Parity, block_range, neighbours_unsettled, protected_blocks
 from .permissions import Credentials
 
 log = logging.getLogger("gpumemd")
 
 MAX_TRACKED_BLOCKS = 1 << 20   # past this many changed blocks, "everything" is as good
 DIRTY_NONE = (1 << 63, 0)   # (dirty_from, dirty_to) of an allocation with no unsynced write
+
+
+def declared_span(written: dict | None) -> tuple[int, int] | None:
+    """The one range [start, end) that covers a close's `written` report ({offset, bytes}
+    or {ranges: [[start, end], ...]}); (0, 0) for an empty list; None when there is no
+    report or it cannot be read (then anything may have been written)."""
+    if not isinstance(written, dict) or not written:
+        return None
+    ranges = written.get("ranges")
+    if ranges is None:
+        offset, count = written.get("offset"), written.get("bytes")
+        ranges = [[offset, offset + count]] if isinstance(offset, int) and \
+            isinstance(count, int) and _natural(offset) and _natural(count) else None
+    if not isinstance(ranges, list):
+        return None
+    if not all(isinstance(r, (list, tuple)) and len(r) == 2 and _natural(r[0]) and
+               _natural(r[1]) and r[0] <= r[1] for r in ranges):
+        return None
+    if not ranges:
+        return (0, 0)
+    return (min(r[0] for r in ranges), max(r[1] for r in ranges))
+
+
+def _natural(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _runs(blocks: list[int]) -> list[list[int]]:
@@ -161,7 +186,7 @@ class Integrity:
                 reached_end = True
                 break
             count = min(self.parity.chunk_blocks, stop - block)
-            if alloc.unsealed or alloc.holders_of("write"):
+            if alloc.unsealed or alloc.holders_of("write") or neighbours_unsettled(alloc):
                 # A socket client writing through its own fd: its bytes are newer than the
                 # parity until its close, and a "repair" would revert them (a write of up to
                 # 4 KiB per block is within what the code corrects). Skipped, not judged.
@@ -344,10 +369,18 @@ class Integrity:
             return None
         return self._job(alloc, alloc.dirty_from, alloc.dirty_to, heal=True)
 
-    def job_all(self, alloc: Allocation) -> ParityJob | None:
+    def job_all(self, alloc: Allocation, written: dict | None = None) -> ParityJob | None:
         """At the close of a socket handle that wrote: the client wrote through its own fd,
-        anywhere it liked, so all of it is encoded."""
-        return self._job(alloc, 0, alloc.size or 0, heal=False)
+        where the daemon cannot see. With a `written` report ({offset, bytes} or {ranges}),
+        the span it declares is encoded (a 4 KiB write into 1 GiB encodes one block, not
+        the 1 GiB); without one, or one that cannot be read, all of it. The report is the
+        client's word about its own writes only: bytes it wrote and did not declare keep
+        stale parity, which a scrub then reports in this allocation and no other's."""
+        span = declared_span(written)
+        start, end = span if span is not None else (0, alloc.size or 0)
+        if end <= start:
+            return None
+        return self._job(alloc, start, min(end, alloc.size or 0), heal=False)
 
     def _job(self, alloc: Allocation, start: int, end: int, heal: bool) -> ParityJob | None:
         if alloc.unsealed:                 # seal encodes it all

@@ -17,6 +17,7 @@ import time
 
 from gpumemctl.protocol import InternalError, round_up
 
+from ..backends.slabs import Slot, SlotParity
 from ..ecc.layout import (
     BLOCK,
     CHECKSUM_BYTES,
@@ -62,8 +63,13 @@ class Parity:
 
     @staticmethod
     def extra(ecc: str, dev, capacity: int) -> int:
-        """Memory the parity of an allocation of `capacity` on `dev` takes (0: no ECC)."""
-        return round_up(parity_bytes(capacity), dev.granularity) if ecc == "rs" else 0
+        """Memory the parity of an allocation of `capacity` on `dev` takes (0: no ECC); a
+        slot's is its share of its slab's parity."""
+        if ecc != "rs":
+            return 0
+        if capacity % BLOCK:
+            return capacity // 16
+        return round_up(parity_bytes(capacity), dev.granularity)
 
     def wanted(self, alloc: Allocation) -> bool:
         return alloc.ecc == "rs" and alloc.buffer is not None
@@ -81,6 +87,8 @@ class Parity:
           and only the blocks from there on are encoded."""
         if not self.wanted(alloc):
             return False
+        if isinstance(alloc.buffer, Slot):
+            return self._ensure_slot(alloc, alloc.buffer)
         want, total = self.size_for(alloc), blocks(capacity_of(alloc))
         if alloc.parity is not None and alloc.parity.capacity == want and \
                 alloc.parity.blocks == total:
@@ -100,10 +108,25 @@ class Parity:
             self.backend.free(old)
         return True
 
+    def _ensure_slot(self, alloc: Allocation, slot: Slot) -> bool:
+        """A slot's parity is its slab's. When the allocation has just come to this slot,
+        the slot's blocks are encoded whole (bytes past the size included: they are in the
+        slab's codewords). Never a new region: the keeper holds the slab's already."""
+        old = alloc.parity
+        if isinstance(old, SlotParity) and old.slab is slot.slab and old.offset == slot.offset:
+            return False
+        if slot.slab.parity is None:
+            raise InternalError(f"{alloc.path} has ECC and its slab has no parity")
+        alloc.parity = SlotParity(slot.slab, slot.offset)
+        if old is not None:
+            self.backend.free(old)
+        self.backend.ecc("encode", slot, alloc.parity, 0, max(1, slot.capacity // BLOCK), 0)
+        return False
+
     def _carry_over(self, old, new, keep: int, total: int) -> int:
         """Copy the parity and checksums of blocks [0, keep) from the old region (laid out
         for `old.blocks` blocks) into the new one. Returns how many were copied."""
-        if old is None or keep == 0:
+        if old is None or keep == 0 or isinstance(old, SlotParity):
             return 0
         old_total = old.blocks
         keep = min(keep, total, old_total)
@@ -123,8 +146,9 @@ class Parity:
             yield b, min(self.chunk_blocks, stop - b)
 
     def _run(self, op: str, alloc: Allocation, first: int, count: int):
+        # (a slot's blocks are its slab's: the packing layer ignores the count given here)
         return self.backend.ecc(op, alloc.buffer, alloc.parity, first, count,
-                                blocks(capacity_of(alloc)))
+                                -(-capacity_of(alloc) // BLOCK))
 
     def encode(self, alloc: Allocation, start: int, end: int) -> int:
         """Bring the parity of the blocks that bytes [start, end) touch up to date.
@@ -156,6 +180,22 @@ class Parity:
         return {"blocks": count, "clean": clean, "corrected": corrected,
                 "uncorrectable": uncorrectable, "symbols": symbols,
                 "damaged": [] if repair else damaged}
+
+
+def neighbours_unsettled(alloc: Allocation) -> bool:
+    """Whether a slot below a block shares its block's parity with an allocation whose
+    parity is stale by design (written since its sync, unsealed, or held by a writer): then
+    a verify of the block would judge, and a repair revert, that neighbour's new bytes."""
+    buf = alloc.buffer
+    if not isinstance(buf, Slot):
+        return False
+    for slot in buf.slab.neighbours(buf):
+        other = slot.tenant
+        if isinstance(other, Allocation) and (
+                other.unsealed or other.writing or other.dirty_to > other.dirty_from
+                or other.holders_of("write", "attach-w", "mount-w")):
+            return True
+    return False
 
 
 def now_ns() -> int:

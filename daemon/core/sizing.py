@@ -9,7 +9,8 @@ import time
 
 from gpumemctl.protocol import InvalidState, UsageError, round_up
 
-from ..backends import Backend
+from ..backends.packed import PackedBackend
+from ..backends.slabs import Slot, placement
 from ..registry import Registry
 from .custody import Custody
 from .holders import IO_KINDS, Holders
@@ -24,7 +25,7 @@ from .sessions import Session
 
 class Sizing:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
-                 backend: Backend, custody: Custody, integrity: Integrity, holders: Holders,
+                 backend: PackedBackend, custody: Custody, integrity: Integrity, holders: Holders,
                  quotas: Quotas):
         self.registry = registry
         self.journal = journal
@@ -57,8 +58,8 @@ class Sizing:
         if size == alloc.size or (alloc.state == "pending" and size == 0):
             return
         dev = self.backend.device(alloc.device)
-        fit = max(dev.granularity, round_up(size, dev.granularity))
-        capacity = max(fit, capacity or 0)
+        fit = self.backend.capacity_for(dev, size)
+        capacity = self.backend.capacity_for(dev, max(fit, capacity or 0))
         held = alloc.capacity or 0 if alloc.buffer is not None else 0
         if size > alloc.size:
             self.custody.require_could_fit(dev, size, alloc.ecc)
@@ -87,12 +88,25 @@ class Sizing:
         if alloc.state != "ready" or alloc.holders_of(*IO_KINDS):
             return
         dev = self.backend.device(alloc.device)
-        fit = max(dev.granularity, round_up(alloc.size, dev.granularity))
+        fit = self.backend.capacity_for(dev, alloc.size)
         if (alloc.capacity or 0) > fit:
             with alloc.parity_lock:               # as in resize: memory and parity together
                 self.custody.reallocate(alloc, dev, alloc.size, fit,
                                         lambda: self._commit_capacity(alloc, fit))
                 self._protect_resized(alloc, alloc.size, fresh=False)
+
+    def own_memory(self, alloc: Allocation) -> None:
+        """Move a small allocation out of its slab into memory of its own (whole granules),
+        before an fd of it goes to a client: a slab's fd would give the whole slab
+        (docs/security.md, "Slabs"). One device copy of at most half a granule."""
+        if not isinstance(alloc.buffer, Slot):
+            return
+        dev = self.backend.device(alloc.device)
+        capacity = max(dev.granularity, round_up(alloc.size, dev.granularity))
+        with alloc.parity_lock:
+            self.custody.reallocate(alloc, dev, alloc.size, capacity,
+                                    lambda: self._commit_capacity(alloc, capacity))
+            self._protect_resized(alloc, alloc.size, fresh=False)
 
     def _protect_resized(self, alloc: Allocation, old_size: int, fresh: bool) -> None:
         if self.integrity.protect_resized(alloc, old_size, fresh) and alloc.durable \
@@ -109,7 +123,8 @@ class Sizing:
             alloc.modified_ns = alloc.changed_ns = now
             self.registry.nodes.update(alloc.id, size=size, capacity=capacity,
                                       device=alloc.device, state=alloc.state,
-                                      modified_ns=now, changed_ns=now)
+                                      modified_ns=now, changed_ns=now,
+                                      **placement(alloc.buffer))
             self.journal.event("resize", alloc, cred, size=size, capacity=capacity,
                                old_size=old_size)
         self._dirty.discard(alloc.id)
@@ -124,7 +139,7 @@ class Sizing:
             self.journal.keep(alloc, "capacity")
             alloc.capacity = capacity
             self.registry.nodes.update(alloc.id, capacity=capacity, device=alloc.device,
-                                      state=alloc.state)
+                                      state=alloc.state, **placement(alloc.buffer))
             self.journal.event("resize", alloc, DAEMON, size=alloc.size, capacity=capacity,
                                old_size=alloc.size)
         self.integrity.changed_all(alloc)      # new memory: what tracked changes say goes

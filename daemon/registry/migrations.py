@@ -14,6 +14,7 @@ from .schema import (
     METADATA_SQL,
     NODES_SQL,
     SCHEMA_VERSION,
+    SLABS_SQL,
     create_tables,
     execute_script,
     init_root,
@@ -123,10 +124,20 @@ def add_user_metadata(db: sqlite3.Connection) -> None:
     execute_script(db, METADATA_SQL)
 
 
+def add_slabs(db: sqlite3.Connection) -> None:
+    """11 -> 12 (issue 26): the `slabs` table, and each node's `slab` and `slot`. Nothing
+    already stored moves: every allocation keeps memory of its own (both columns NULL)."""
+    have = {r[1] for r in db.execute("PRAGMA table_info('nodes')")}
+    for column in ("slab", "slot"):
+        if column not in have:
+            db.execute(f"ALTER TABLE nodes ADD COLUMN {column} INTEGER")
+    execute_script(db, SLABS_SQL)
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
               4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names,
               7: add_links_and_special_files, 8: add_hard_links,
-              9: add_snapshot_columns, 10: add_user_metadata}
+              9: add_snapshot_columns, 10: add_user_metadata, 11: add_slabs}
 
 
 def upgrade(registry: Registry, version: int) -> None:

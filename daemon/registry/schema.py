@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .store import Registry
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 ROOT_ID = 1
 
 
@@ -71,6 +71,11 @@ NODES_SQL = """
         -- NULL: none reported. For allocations only.
         snapshot    TEXT,
         snapshot_ns INTEGER,
+        -- Where a small allocation's bytes are (issue 26, docs/storage.md): the slab
+        -- (slabs.id) and the byte offset of its slot in it; both NULL for an allocation
+        -- with memory of its own (and for every other kind).
+        slab        INTEGER,
+        slot        INTEGER,
         UNIQUE (parent, name)
     );
 """
@@ -90,6 +95,23 @@ LINKS_SQL = """
         PRIMARY KEY (parent, name)
     );
     CREATE INDEX IF NOT EXISTS links_node ON links (node);
+"""
+
+
+# Slabs (issue 26): create_tables() makes it, add_slabs() adds it to an older registry.
+SLABS_SQL = """
+    CREATE TABLE IF NOT EXISTS slabs (
+        -- One backend allocation cut into equal slots of one size class, holding small
+        -- allocations of one owner, on one device, of one ECC mode (docs/storage.md). The
+        -- keeper holds it (data, then parity) under key SLAB_KEY_BASE + id.
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        uid        INTEGER NOT NULL,   -- the owner of every allocation in it
+        device     TEXT NOT NULL,      -- device UUID
+        ecc        TEXT NOT NULL CHECK (ecc IN ('rs', 'none')),
+        slot       INTEGER NOT NULL,   -- the size class: bytes per slot, a power of two
+        capacity   INTEGER NOT NULL,   -- bytes of the slab
+        created_ns INTEGER NOT NULL
+    );
 """
 
 
@@ -156,7 +178,7 @@ def create_tables(db: sqlite3.Connection) -> None:
         found_ns INTEGER NOT NULL,      -- when a verify or scrub found it
         PRIMARY KEY (node, block)
     );
-    """ + METADATA_SQL)
+    """ + METADATA_SQL + SLABS_SQL)
 
 
 def execute_script(db: sqlite3.Connection, script: str) -> None:

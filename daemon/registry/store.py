@@ -36,6 +36,7 @@ from .identity import Identity
 from .metadata import UserMetadata
 from .nodes import Links, Nodes
 from .schema import SCHEMA_VERSION
+from .slabs import Slabs
 
 GROUP_COMMIT_SECONDS = 0.005
 WAL_LIMIT = 64 << 20          # bytes: a WAL past this is checkpointed and truncated
@@ -82,6 +83,7 @@ class Registry:
         self.damaged = Damage(self)
         self.identity = Identity(self)
         self.holders = Holders(self)
+        self.slabs = Slabs(self)
         self.event_log = EventLog(self, max_events, max_event_bytes)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:

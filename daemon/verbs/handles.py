@@ -174,6 +174,7 @@ class HandleVerbs:
         if alloc.damaged:     # a mapping cannot fail a range: refuse the whole allocation
             self.integrity.require_undamaged(alloc, 0, alloc.size or 0)
         self.holders.require_lockable(alloc, writable)
+        self.sizing.own_memory(alloc)      # never a slab's fd: a slot moves out first
         kind = kinds[mode]
         fd = self.backend.export(alloc.buffer, writable)
         try:
@@ -216,7 +217,7 @@ class HandleVerbs:
         if self.refills.of(holder.id) is not None and restored is None:
             self.refills.abort(session, holder)          # the restore gave up: lost again
             return {}
-        job = self._parity_job(holder)
+        job = self._parity_job(holder, written)
         yield ParityWork(job)
         if self.refills.of(holder.id) is not None:
             self.integrity.finish(job)
@@ -260,14 +261,14 @@ class HandleVerbs:
                               "state")
         self.integrity.finish(job)
 
-    def _parity_job(self, holder: Holder) -> ParityJob | None:
+    def _parity_job(self, holder: Holder, written: dict | None = None) -> ParityJob | None:
         """The parity work that releasing `holder` brings (close, release_mount,
         end_session); a writer's data changed by now (_let_go)."""
         if holder.alloc.unlinked:
             return None
         if holder.kind == "write":
             _let_go(holder.alloc)
-            return self.integrity.job_all(holder.alloc)
+            return self.integrity.job_all(holder.alloc, written)
         if holder.kind == "mount-w":
             self.sizing.flush_times(holder.alloc)
             return self.integrity.job_written(holder.alloc)
@@ -368,6 +369,7 @@ class HandleVerbs:
         alloc = self.ns.lookup_allocation(path, cred)
         require(alloc, cred, R | W)
         self.custody.require_memory(alloc)
+        self.sizing.own_memory(alloc)      # a slot's dma-buf would cover its whole slab
         fd = self.backend.export_dmabuf(alloc.buffer)
         alloc.untracked = True      # a NIC may write it at any time: no change is seen
         return fd, describe(alloc, cred=cred)

@@ -62,10 +62,12 @@ class NameVerbs:
         yield Exclusive(DEPOSITS)
         prepared = None
         new = self.creation.check(path, cred, request)
-        if isinstance(new, NewAllocation):
+        if isinstance(new, NewAllocation) and not self.creation.packed(new):
             prepared = self.creation.prepare(new, path, cred, request)
             try:
-                yield KeeperWork(self.custody.send_begin(self.custody.handover(prepared.alloc)))
+                deposit = self.custody.handover(prepared.alloc)
+                if deposit is not None:
+                    yield KeeperWork(self.custody.send_begin(deposit))
             except BaseException:
                 self.custody.abandon(prepared)
                 raise

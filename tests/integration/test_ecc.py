@@ -182,3 +182,26 @@ def test_verified_time_is_recorded_and_survives_a_restart(ecc_daemon):
     assert d.cli_json("info", "v/a")["verified"] == first
     verify(d, "v/a", code=0)
     assert d.cli_json("info", "v/a")["verified"] > first
+
+
+def test_a_writers_close_encodes_the_ranges_it_declared(ecc_daemon):
+    """A socket writer's close encodes the span its handle reports (Handle.write notes it),
+    not the whole allocation: bytes written through the mapping and not declared keep their
+    old parity, which verify then finds in that allocation and no other."""
+    d = ecc_daemon
+    data = bytearray(make(d, "a", size=16 * MiB))
+    make(d, "b")
+    with d.client() as c:
+        with c.open("a", "rw") as h:
+            h.write(b"\x5a" * 4096, 3 * BLOCK + 10)            # declared: block 3
+            h.memory.write(9 * BLOCK, b"\xa5" * 4096)          # not declared: block 9
+    with d.client() as c:
+        with c.open("a", "rw") as h:                            # wrote nothing, declared none
+            h.memory.write(12 * BLOCK, b"\x11" * 100)
+    data[3 * BLOCK + 10:3 * BLOCK + 10 + 4096] = b"\x5a" * 4096
+    found = verify(d, "a", code=8)
+    assert found["allocations"][0]["damaged"] == [9, 12]
+    verify(d, "b", code=0)
+    # Repair brings back what the parity knew: the undeclared bytes were the writer's own.
+    verify(d, "a", "--repair", code=1)
+    assert d.cli("read", "a", check=True).stdout == bytes(data)

@@ -55,6 +55,10 @@ class World:
         for a in old.queries.allocations():
             if a.buffer is not None:
                 old.backend.free(a.buffer)
+        for slab in list(old.backend.pool.slabs.values()):     # a slab's memfds close too
+            old.backend.raw.free(slab.data)
+            if slab.parity is not None:
+                old.backend.raw.free(slab.parity)
         old.keeper.close()
         old.registry.close()
         self.m = self._new()
@@ -64,6 +68,8 @@ class World:
         self.kept.stop()                 # the keeper exits, closing every fd it held
         for a in self.m.queries.allocations():
             self.m.custody.free(a)       # the last daemon's memory (memfds) goes with it
+        for slab in list(self.m.backend.pool.slabs.values()):
+            self.m.backend.pool.drop_slab(slab)
         for m in self.parts:
             m.registry.close()
 

@@ -26,6 +26,7 @@ from gpumemctl.protocol import (
     split_path,
 )
 
+from ...backends.slabs import placement
 from ...registry import ROOT_ID, Registry, stored_name
 from ..describe import describe
 from ..journal import Journal
@@ -218,6 +219,8 @@ class Namespace:
                    uid=cred.uid, gid=gid, mode=mode, created_ns=now, modified_ns=now,
                    changed_ns=now, accessed_ns=now)
         columns = {k: v for k, v in alloc_fields.items() if k not in NOT_COLUMNS}
+        if alloc_fields.get("buffer") is not None:
+            columns.update(placement(alloc_fields["buffer"]))    # a slot's slab and offset
         if "target" in columns:
             columns["target"] = stored_name(columns["target"])
         row["id"] = node_id if node_id is not None else self.ids.reserve(1)[0]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from daemon.backends.packed import PackedBackend
 from daemon.core.custody import Custody
 from daemon.core.holders import Holders
 from daemon.core.integrity import Integrity
 from daemon.core.journal import Journal
 from daemon.core.namespace import Namespace
+from daemon.core.slabs import Slabs
 from daemon.registry import Registry
 from tests.sizes import MiB
 from tests.unit.keeper_double import InProcessKeeper, KeptFds
@@ -33,9 +35,12 @@ def journal(registry):
 
 @pytest.fixture
 def backend():
-    """The host backend with 64 MiB to hand out; what a test leaves is freed after it."""
+    """The host backend with 64 MiB to hand out, under the packing layer with packing off
+    (every allocation memory of its own, as these tests were written for; slabs have
+    tests of their own, tests/unit/core/test_slabs.py); what a test leaves is freed after
+    it."""
     b = TrackedHostBackend(limit=64 * MiB)
-    yield b
+    yield PackedBackend(b, slabs=False)
     b.free_all()
 
 
@@ -75,4 +80,5 @@ def holders(registry, journal):
 
 @pytest.fixture
 def custody(registry, journal, backend, keeper, ns, integrity):
-    return Custody(registry, journal, backend, keeper, ns, integrity.parity)
+    return Custody(registry, journal, backend, keeper, ns, integrity.parity,
+                   Slabs(registry, journal, backend, keeper))

@@ -1,0 +1,234 @@
+"""The packing layer over a backend: small objects in slots of per-owner slabs
+(daemon/backends/slabs.py), everything else as the backend makes it (docs/storage.md).
+
+PackedBackend has the Backend interface, so the core addresses a slot as it addresses any
+buffer: reads, writes, zeroing, copies and the codec are translated to the slab's memory at
+the slot's offset. What only the core can do (a slab's registry row, the keeper's deposit)
+stays in the core (daemon/core/slabs.py): here are the slabs in memory and their free slots.
+"""
+from __future__ import annotations
+
+from gpumemctl.protocol import InternalError, InvalidState, round_up
+
+from ..ecc.layout import BLOCK, parity_bytes
+from .base import Backend, Buffer, DeviceInfo
+from .slabs import Slab, Slot, SlotParity, size_class, slot_max
+
+# A slab's size. On a GPU, the first of a (uid, device, ECC, class) is one granule and each
+# next one twice the last, up to 128 MiB (one user's one small file costs a granule, a million
+# 64 KiB objects about 500 slabs). On the host, 8 MiB each: a memfd's pages are taken as they
+# are written, yet the device's free bytes count its whole size.
+SLAB_MAX_BYTES = {"host": 8 << 20, "cuda": 128 << 20}
+DOUBLING = {"cuda"}
+
+
+class PackedBackend(Backend):
+    def __init__(self, raw: Backend, *, slabs: bool = True):
+        self.raw = raw
+        self.packing = slabs
+        self.pool = SlabPool(raw)
+        # What the backend is, as plain attributes (a test may set them, as on a backend).
+        self.name = raw.name
+        self.fd_grants_write = raw.fd_grants_write
+        self.resizes_in_place = raw.resizes_in_place
+        self.fresh_memory_is_zero = raw.fresh_memory_is_zero
+
+    # ---- what the backend is: forwarded ---------------------------------------------------
+    def __getattr__(self, name: str):
+        if name == "raw":               # not set yet (unpickling, __init__'s start)
+            raise AttributeError(name)
+        return getattr(self.raw, name)
+
+    def devices(self) -> list[DeviceInfo]:
+        return self.raw.devices()
+
+    def close(self) -> None:
+        self.raw.close()
+
+    # ---- sizes ------------------------------------------------------------------------------
+    def capacity_for(self, dev: DeviceInfo, size: int) -> int:
+        """The capacity an object of `size` gets: its slot class when it packs, else whole
+        granules (at least one)."""
+        cls = size_class(size, dev.granularity) if self.packing else None
+        return cls if cls is not None else max(dev.granularity, round_up(size, dev.granularity))
+
+    def packs(self, capacity: int, dev: DeviceInfo) -> bool:
+        """Whether memory of `capacity` is a slot (a slab's), not memory of its own."""
+        return self.packing and capacity <= slot_max(dev.granularity)
+
+    @staticmethod
+    def in_slab(buf) -> bool:
+        return isinstance(buf, Slot)
+
+    @staticmethod
+    def region(buf) -> tuple[int, int] | None:
+        """(offset, bytes of the exported memory) of a slot; None for memory of its own."""
+        if isinstance(buf, Slot):
+            return buf.offset, buf.slab.capacity
+        return None
+
+    # ---- the Backend interface, translated for slots ----------------------------------------
+    def allocate(self, capacity: int, device: str, label: str) -> Buffer:
+        return self.raw.allocate(capacity, device, label)
+
+    def free(self, buf) -> None:
+        if isinstance(buf, Slot):
+            buf.slab.give_back(buf)
+            buf.tenant = None
+            if buf.slab.retired and not buf.slab.used:
+                self.pool.drop_slab(buf.slab)
+        elif not isinstance(buf, SlotParity):
+            self.raw.free(buf)
+
+    def export(self, buf, writable: bool) -> int:
+        return self.raw.export(_memory(buf), writable)
+
+    def keeper_fds(self, buf) -> list[int]:
+        if isinstance(buf, (Slot, SlotParity)):
+            raise InternalError("a slot is kept with its slab, never on its own")
+        return self.raw.keeper_fds(buf)
+
+    def adopt(self, fds: list[int], capacity: int, device: str) -> Buffer:
+        return self.raw.adopt(fds, capacity, device)
+
+    def read(self, buf, offset: int, length: int) -> bytes:
+        return self.raw.read(_memory(buf), _base(buf) + offset, length)
+
+    def write(self, buf, offset: int, data) -> None:
+        self.raw.write(_memory(buf), _base(buf) + offset, data)
+
+    def view(self, buf, offset: int, length: int) -> memoryview:
+        return self.raw.view(_memory(buf), _base(buf) + offset, length)
+
+    def zero(self, buf, start: int, end: int) -> None:
+        base = _base(buf)
+        self.raw.zero(_memory(buf), base + start, base + end)
+
+    def copy(self, src, dst, length: int, src_offset: int = 0, dst_offset: int = 0) -> None:
+        self.raw.copy(_memory(src), _memory(dst), length, _base(src) + src_offset,
+                      _base(dst) + dst_offset)
+
+    def resize_in_place(self, buf, capacity: int) -> None:
+        if isinstance(buf, Slot):
+            raise InternalError("a slot cannot be resized in place")
+        self.raw.resize_in_place(buf, capacity)
+
+    def ecc(self, op: str, data, parity, first: int, count: int, total: int):
+        """A slot's blocks are its slab's: object block i is slab block offset//BLOCK + i
+        (a slot below a block has one block, the one it lies in)."""
+        if not isinstance(data, Slot):
+            return self.raw.ecc(op, data, parity, first, count, total)
+        slab = data.slab
+        if slab.parity is None:
+            raise InvalidState("this object's slab has no ECC parity")
+        with slab.lock:
+            return self.raw.ecc(op, slab.data, slab.parity, data.offset // BLOCK + first,
+                                count, slab.blocks)
+
+    def export_dmabuf(self, buf) -> int:
+        if isinstance(buf, Slot):
+            raise InternalError("a slot's dma-buf would cover its whole slab")
+        return self.raw.export_dmabuf(buf)
+
+
+def _memory(buf):
+    if isinstance(buf, Slot):
+        return buf.slab.data
+    if isinstance(buf, SlotParity):
+        raise InternalError("a slot's parity is its slab's; it is never addressed alone")
+    return buf
+
+
+def _base(buf) -> int:
+    return buf.offset if isinstance(buf, Slot) else 0
+
+
+class SlabPool:
+    """The slabs in memory, by id and by kind, and their memory's life."""
+
+    def __init__(self, raw: Backend):
+        self.raw = raw
+        self.slabs: dict[int, Slab] = {}
+        self._by_key: dict[tuple, list[Slab]] = {}
+        self.slab_max = SLAB_MAX_BYTES.get(raw.name, 32 << 20)
+
+    def find_slot(self, uid: int, device: str, ecc: str, capacity: int) -> Slot | None:
+        """A free slot of class `capacity` in one of the owner's slabs; None: a new slab is
+        needed (the core makes it: daemon/core/slabs.py)."""
+        for slab in self._by_key.get((uid, device, ecc, capacity), ()):
+            if slab.free_slots:
+                return slab.take()
+        return None
+
+    def next_slab_bytes(self, uid: int, device: str, ecc: str, capacity: int) -> int:
+        dev = self.raw.device(device)
+        have = self._by_key.get((uid, device, ecc, capacity), [])
+        largest = max((s.capacity for s in have), default=0)
+        if self.raw.name not in DOUBLING:
+            return self.slab_max
+        return min(self.slab_max, max(dev.granularity, 2 * largest))
+
+    def make_slab(self, slab_id: int, uid: int, device: str, ecc: str, slot: int,
+                  nbytes: int) -> Slab:
+        """A new slab's memory, zeroed, with its parity (zero data has zero parity)."""
+        self.raw.check_free(self.raw.device(device), nbytes + self.slab_parity_bytes(nbytes, ecc))
+        data = self.raw.allocate(nbytes, device, label=f"slab{slab_id}")
+        parity = None
+        try:
+            if not self.raw.fresh_memory_is_zero:
+                self.raw.zero(data, 0, nbytes)
+            if ecc == "rs":
+                parity = self.raw.allocate(self.slab_parity_bytes(nbytes, ecc), device,
+                                           label=f"slab{slab_id}#parity")
+                if not self.raw.fresh_memory_is_zero:
+                    self.raw.zero(parity, 0, parity.capacity)
+                parity.blocks = nbytes // BLOCK
+        except BaseException:
+            self.raw.free(data)
+            raise
+        return self.add_slab(Slab(slab_id, uid, device, ecc, slot, data, parity))
+
+    def slab_parity_bytes(self, nbytes: int, ecc: str) -> int:
+        if ecc != "rs":
+            return 0
+        # The host's memfds are any number of pages; a GPU's memory whole granules.
+        unit = 4096 if self.raw.name == "host" else self.raw.devices()[0].granularity
+        return round_up(parity_bytes(nbytes), unit)
+
+    def add_slab(self, slab: Slab) -> Slab:
+        self.slabs[slab.id] = slab
+        self._by_key.setdefault(slab.key, []).append(slab)
+        return slab
+
+    def drop_slab(self, slab: Slab) -> None:
+        """Free a slab's memory (it holds no slot)."""
+        if slab.used:
+            raise InternalError(f"slab {slab.id} still holds {len(slab.used)} objects")
+        self._unlist(slab)
+        self.raw.free(slab.data)
+        if slab.parity is not None:
+            self.raw.free(slab.parity)
+
+    def retire_slab(self, slab: Slab) -> None:
+        """No new slot in this slab; its memory goes with its last used slot (now, if none)."""
+        slab.retired = True
+        self._unlist(slab)
+        if not slab.used:
+            self.drop_slab(slab)
+
+    def _unlist(self, slab: Slab) -> None:
+        self.slabs.pop(slab.id, None)
+        same = self._by_key.get(slab.key, [])
+        if slab in same:
+            same.remove(slab)
+        if not same:
+            self._by_key.pop(slab.key, None)
+
+    def slab_fds(self, uid: int | None = None) -> int:
+        """Descriptors the slabs (of `uid`; None: all) hold in gpumemd: data and parity."""
+        return sum(1 + (s.parity is not None) for s in self.slabs.values()
+                   if uid is None or s.uid == uid)
+
+    def slot_parity(self, slot: Slot) -> SlotParity | None:
+        return SlotParity(slot.slab, slot.offset) if slot.slab.parity is not None else None
+

@@ -1,0 +1,128 @@
+"""Slabs: one owner's small objects packed into one backend allocation (docs/storage.md).
+
+A slab is one backend allocation (a memfd on the host backend, one cuMemCreate on cuda) cut
+into equal slots of one size class (4 KiB, 8 KiB, ... SLOT_MAX, powers of two, each slot
+aligned to its size), holding the objects of one owner uid, on one device, of one ECC mode.
+A slot object's bytes are `slab.data[offset:offset + capacity]`; its parity is the slab's:
+RS parity per 128 KiB block of the slab (daemon/ecc/layout.py), so a slot below a block
+shares its block's parity with its neighbours (their owner's objects, never another's).
+
+Why one owner: a client that maps a slot receives an fd of the whole slab, and can map any
+of it; so a slab never holds two owners' bytes (the export rule: docs/security.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from ..ecc.layout import BLOCK
+from .base import Buffer
+
+SLOT_MIN = 4096          # the smallest size class: a page (clients mmap a slot at its offset)
+
+
+def slot_max(granularity: int) -> int:
+    """The largest size class: half a granule (from there on an object has memory of its
+    own, whole granules)."""
+    return granularity // 2
+
+
+def size_class(size: int, granularity: int) -> int | None:
+    """The slot size for an object of `size` bytes; None when it is too large for a slot."""
+    if size > slot_max(granularity):
+        return None
+    cls = SLOT_MIN
+    while cls < size:
+        cls *= 2
+    return cls
+
+
+@dataclasses.dataclass(eq=False)
+class Slab:
+    """A slab and its free slots. `id` is its registry row id; `data` and `parity` are the
+    backend's buffers (parity None without ECC)."""
+    id: int
+    uid: int
+    device: str
+    ecc: str
+    slot: int                        # the size class: every slot's bytes
+    data: Buffer
+    parity: Buffer | None
+    free_slots: list[int] = dataclasses.field(default_factory=list)   # offsets, a stack
+    used: dict[int, Slot] = dataclasses.field(default_factory=dict)     # offset -> slot
+    retired: bool = False            # its row is gone: freed with its last used slot
+    # Held around every codec run on the slab: a slot below a block shares the block's
+    # parity with its neighbours, whose parity jobs may run on other worker threads.
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.free_slots and not self.used:
+            self.free_slots = list(range(self.capacity - self.slot, -1, -self.slot))
+
+    @property
+    def capacity(self) -> int:
+        return self.data.capacity
+
+    @property
+    def blocks(self) -> int:
+        return self.capacity // BLOCK
+
+    @property
+    def key(self) -> tuple[int, str, str, int]:
+        return (self.uid, self.device, self.ecc, self.slot)
+
+    def take(self, offset: int | None = None) -> Slot:
+        """A free slot (the given one, when adopting), now used."""
+        if offset is None:
+            offset = self.free_slots.pop()
+        else:
+            self.free_slots.remove(offset)
+        slot = Slot(slab=self, offset=offset, capacity=self.slot, device=self.device)
+        self.used[offset] = slot
+        return slot
+
+    def give_back(self, slot: Slot) -> None:
+        if self.used.get(slot.offset) is slot:
+            del self.used[slot.offset]
+            self.free_slots.append(slot.offset)
+
+    def fits(self, offset: int) -> bool:
+        """Whether `offset` is a slot's place in this slab (a registry row's check)."""
+        return 0 <= offset <= self.capacity - self.slot and offset % self.slot == 0
+
+    def neighbours(self, slot: Slot) -> list[Slot]:
+        """The other used slots in the blocks `slot` touches: their parity is shared."""
+        if self.slot >= BLOCK:
+            return []
+        start = slot.offset // BLOCK * BLOCK
+        return [s for off in range(start, start + BLOCK, self.slot)
+                if (s := self.used.get(off)) is not None and s is not slot]
+
+
+@dataclasses.dataclass(eq=False)
+class Slot(Buffer):
+    """An object's memory in a slab: bytes [offset, offset + capacity) of slab.data.
+    `tenant` is what holds it (the core's allocation), for the neighbour checks."""
+    slab: Slab
+    offset: int
+    capacity: int
+    device: str
+    tenant: object = None
+
+
+@dataclasses.dataclass(eq=False)
+class SlotParity(Buffer):
+    """An object's parity in its slab (the slab's parity region): a marker, never freed or
+    exported on its own."""
+    slab: Slab
+    offset: int = 0                  # the slot's, whose parity this is
+    capacity: int = 0
+    device: str = ""
+    blocks: int = 0
+
+
+def placement(buf) -> dict:
+    """The registry's `slab` and `slot` columns for an allocation's memory `buf`."""
+    if isinstance(buf, Slot):
+        return {"slab": buf.slab.id, "slot": buf.offset}
+    return {"slab": None, "slot": None}

@@ -1,0 +1,172 @@
+"""Slab keeping: the registry rows and the keeper's deposits of the slabs that small
+allocations live in (daemon/backends/slabs.py has the slabs themselves, docs/storage.md the
+design).
+
+Every slab is deposited in the keeper when it is made, under SLAB_KEY_BASE + its id (data,
+then parity), whatever its allocations' durability: so a durable allocation in a slab is
+made, moved and removed by registry commits alone, with no keeper call of its own. At a
+restart the transient allocations' rows are dropped as always, and their slots are free.
+
+Orders (a kill -9 anywhere is safe):
+- new slab: memory, deposit, commit its row. A crash before the commit leaves a deposit the
+  registry does not list: the next start frees it.
+- an allocation takes a slot: its row (slab, slot) is committed with the allocation's change;
+  a crash before leaves the slot free.
+- an empty slab goes: commit the row's deletion, withdraw, free.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+from gpumemctl.protocol import InternalError
+
+from ..backends.packed import PackedBackend
+from ..backends.slabs import Slab, Slot
+from ..keeper.link import KeeperGone
+from ..registry import Registry
+from .journal import Journal
+
+log = logging.getLogger("gpumemd")
+
+SLAB_KEY_BASE = 1 << 48          # keeper keys of slabs: past every node id
+
+
+def is_slab_key(key: int) -> bool:
+    return key >= SLAB_KEY_BASE
+
+
+class Slabs:
+    def __init__(self, registry: Registry, journal: Journal, backend: PackedBackend, keeper):
+        self.registry = registry
+        self.journal = journal
+        self.backend = backend
+        self.keeper = keeper
+        self.require_fds = lambda uid, ecc: None       # gpumemd's fd budget (Custody sets it)
+
+    # ---- a slot for a new small allocation ------------------------------------------------
+    def place(self, uid: int, device: str, ecc: str, capacity: int) -> Slot:
+        """A free slot of class `capacity` in one of `uid`'s slabs on `device`, making a new
+        slab when none has room."""
+        slot = self.backend.pool.find_slot(uid, device, ecc, capacity)
+        if slot is None:
+            self.sweep()
+            slot = self._new_slab(uid, device, ecc, capacity).take()
+        return slot
+
+    def _new_slab(self, uid: int, device: str, ecc: str, slot: int) -> Slab:
+        nbytes = self.backend.pool.next_slab_bytes(uid, device, ecc, slot)
+        self.require_fds(uid, ecc)          # its data's and parity's, as an allocation's
+        with self.journal.change(durable=True):
+            slab_id = self.registry.slabs.insert(uid, device, ecc, slot, nbytes)
+            slab = self.backend.pool.make_slab(slab_id, uid, device, ecc, slot, nbytes)
+            try:
+                self._deposit(slab)
+            except BaseException:
+                self.backend.pool.drop_slab(slab)
+                raise
+            self.journal.on_rollback(lambda: self._forget(slab))
+        log.debug("slab %d made: uid %d, %d slots of %d bytes", slab.id, uid,
+                  nbytes // slot, slot)
+        return slab
+
+    def _deposit(self, slab: Slab) -> None:
+        fds = self.backend.raw.keeper_fds(slab.data)
+        if slab.parity is not None:
+            fds += self.backend.raw.keeper_fds(slab.parity)
+        try:
+            self.keeper.deposit(SLAB_KEY_BASE + slab.id, fds, {
+                "slab": slab.id, "capacity": slab.capacity, "device": slab.device,
+                "registry": self.registry.identity.instance})
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _forget(self, slab: Slab) -> None:
+        """A slab whose row was rolled back (or deleted): withdrawn and freed. One with a
+        slot still used (by an allocation whose own change is being taken back) takes no
+        new allocation and is freed when that slot is given back."""
+        with contextlib.suppress(KeeperGone):
+            self.keeper.withdraw(SLAB_KEY_BASE + slab.id)
+        self.backend.pool.retire_slab(slab)
+
+    def sweep(self) -> int:
+        """Free the slabs no allocation uses, but the last of each kind (it is reused
+        first). Returns how many went."""
+        empty = [s for s in list(self.backend.pool.slabs.values()) if not s.used]
+        last: dict[tuple, Slab] = {}
+        for slab in self.backend.pool.slabs.values():
+            if slab.key not in last or slab.id > last[slab.key].id:
+                last[slab.key] = slab
+        gone = [s for s in empty if last.get(s.key) is not s]
+        if not gone:
+            return 0
+        with self.journal.change(durable=True):
+            for slab in gone:
+                self.registry.slabs.delete(slab.id)
+        for slab in gone:
+            self._forget(slab)
+        return len(gone)
+
+    # ---- a restart: the keeper's slabs against the registry's rows -------------------------
+    def adopt_all(self, kept: dict[int, list[int]]) -> dict[int, str]:
+        """Take the slabs out of `kept` (the keeper's holdings by key) and adopt those the
+        registry lists; free the others. Returns, for each listed slab not adopted, why."""
+        held = {key - SLAB_KEY_BASE: kept.pop(key) for key in list(kept) if is_slab_key(key)}
+        missing: dict[int, str] = {}
+        for row in self.registry.slabs.load():
+            fds = held.pop(row["id"], None)
+            if fds is None:
+                missing[row["id"]] = "the keeper holds no memory for its slab"
+                continue
+            try:
+                self._adopt(row, fds)
+            except Exception as exc:  # noqa: BLE001 - its allocations are lost, said below
+                missing[row["id"]] = f"its slab could not be re-adopted: {exc}"
+        for slab_id, fds in held.items():
+            for fd in fds:
+                os.close(fd)
+            with contextlib.suppress(KeeperGone):
+                self.keeper.withdraw(SLAB_KEY_BASE + slab_id)
+            log.warning("freed slab %d that the keeper held and the registry does not list "
+                        "(crash residue)", slab_id)
+        return missing
+
+    def _adopt(self, row: dict, fds: list[int]) -> None:
+        raw = self.backend.raw
+        data = raw.adopt(fds[:1], row["capacity"], row["device"])
+        parity = None
+        if row["ecc"] == "rs":
+            if len(fds) < 2:
+                raw.free(data)
+                raise InternalError("its parity was not kept")
+            parity = raw.adopt(fds[1:2], self.backend.pool.slab_parity_bytes(row["capacity"],
+                                                                         "rs"), row["device"])
+            parity.blocks = row["capacity"] // (128 * 1024)
+        else:
+            for fd in fds[1:]:
+                os.close(fd)
+        slab = Slab(row["id"], row["uid"], row["device"], row["ecc"], row["slot"], data,
+                    parity)
+        self.backend.pool.add_slab(slab)
+
+    def slot_at(self, slab_id: int, offset: int, capacity: int) -> Slot:
+        """The slot a registry row names, taken (at a restart). InternalError when the row
+        does not fit the slab: another class, out of bounds, or taken. (An allocation
+        chowned since it was placed stays in its first owner's slab: no slab is ever
+        exported to a client, docs/storage.md.)"""
+        slab = self.backend.pool.slabs.get(slab_id)
+        if slab is None:
+            raise InternalError(f"slab {slab_id} is not held")
+        if slab.slot != capacity or not slab.fits(offset) or offset in slab.used:
+            raise InternalError(f"slot {offset} of slab {slab_id} (class {slab.slot}) does "
+                                f"not fit an allocation of capacity {capacity}")
+        return slab.take(offset)
+
+    def summary(self) -> dict:
+        """Slabs, their bytes and what their used slots hold (status)."""
+        slabs = list(self.backend.pool.slabs.values())
+        return {"slabs": len(slabs), "bytes": sum(s.capacity for s in slabs),
+                "used_bytes": sum(len(s.used) * s.slot for s in slabs),
+                "objects": sum(len(s.used) for s in slabs)}
