@@ -18,6 +18,8 @@ Phases:
      directories of 1000. A failure is counted, not fatal: after --max-failures consecutive
      ones the phase stops and says how far it got (the baseline runs out of descriptors or
      memory at some N, and that is its figure).
+  1b. the batch API: --batch objects made by one `Client.create_many` call (1024 a request),
+     then removed by one `Client.remove_many` (objects/s of each).
   2. what the objects hold: device memory (`status`: each device's `ours`, parity included)
      against the bytes stored; the open fds of gpumemd and of its keeper (/proc/PID/fd).
   3. kill -9 of gpumemd, start, and the time until a paged `ls -R` shows every object
@@ -53,7 +55,7 @@ import fs  # noqa: E402  bench/fs.py: nvidia-smi for the header
 
 from gpumemctl import Client  # noqa: E402
 from gpumemctl.protocol import GpumemError, NotRunning  # noqa: E402
-from gpumemctl.protocol.defaults import READ_COPY_BYTES  # noqa: E402
+from gpumemctl.protocol.defaults import BATCH_MAX_ITEMS, READ_COPY_BYTES  # noqa: E402
 from gpumemctl.protocol.sizes import format_size, parse_size  # noqa: E402
 from tests import harness  # noqa: E402
 
@@ -283,9 +285,43 @@ def phase_create(s: Session, args, fig: dict) -> dict:
     return out
 
 
-def phase_batch() -> dict:
+def phase_batch(s: Session, args) -> dict:
+    """`--batch` objects (`--size`, durability and ECC as phase 1) made by one
+    `Client.create_many` call (the library sends BATCH_MAX_ITEMS a request), then removed by
+    one `Client.remove_many`, so that the later phases see phase 1's objects only."""
     present = [name for name in BATCH_NAMES if hasattr(Client, name)]
-    return {"present": present}
+    out: dict = {"present": present, "asked": args.batch}
+    if args.batch == 0 or "create_many" not in present:
+        return out
+    ecc = None if args.ecc == "default" else args.ecc
+    names = [f"batch/d{i // PER_DIR:04d}/o{i:07d}" for i in range(args.batch)]
+    say(f"batch: {args.batch} {'durable' if args.durable else 'transient'} objects of "
+        f"{format_size(args.size)} by Client.create_many, then Client.remove_many")
+    try:
+        c = s.client()
+        t0 = time.perf_counter()
+        made = c.create_many([(name, args.size) for name in names], durable=args.durable,
+                             ecc=ecc)
+        t1 = time.perf_counter()
+        ok = [name for name, r in zip(names, made, strict=True)
+              if not isinstance(r, GpumemError)]
+        failed = [r for r in made if isinstance(r, GpumemError)]
+        t2 = time.perf_counter()
+        gone = c.remove_many(ok)
+        t3 = time.perf_counter()
+    except SOFT_ERRORS as exc:
+        out["error"] = describe(exc)
+        s.broken(exc)
+        say(f"batch failed: {out['error']}")
+        return out
+    out.update(made=len(ok), failed=len(failed), create_s=t1 - t0, remove_s=t3 - t2,
+               requests=-(-args.batch // BATCH_MAX_ITEMS),
+               first_error=describe(failed[0]) if failed else None,
+               removed=sum(not isinstance(r, GpumemError) for r in gone))
+    if ok:
+        out["creates_per_s"] = len(ok) / (t1 - t0)
+        out["removes_per_s"] = out["removed"] / (t3 - t2)
+    return out
 
 
 # ---- phase 2: what the objects hold --------------------------------------------------------------
@@ -437,10 +473,24 @@ def rows_from(fig: dict) -> list[dict]:
         if cr["stopped"]:
             row("  stopped", cr["stopped"])
     b = fig["batch"]
-    row("batch create (one request, many objects)",
-        f"n/a: Client.{'/'.join(b['present'])} present, not measured by this version"
-        if b["present"] else "n/a (no batch API yet)",
-        f">= {TARGET_BATCH_CREATES:,}/s (GPU goal)")
+    goal = f">= {TARGET_BATCH_CREATES:,}/s (GPU goal)"
+    if "create_many" not in b["present"]:
+        row("batch create (one request, many objects)", "n/a (no batch API yet)", goal)
+    elif "error" in b:
+        row("batch create (one request, many objects)", f"failed: {b['error']}", goal)
+    elif "creates_per_s" in b:
+        row(f"batch create: {b['made']} of {b['asked']} objects by Client.create_many "
+            f"({b['requests']} request{'s' if b['requests'] > 1 else ''})",
+            f"{b['creates_per_s']:.0f}/s", goal,
+            b["creates_per_s"] >= TARGET_BATCH_CREATES)
+        if b["first_error"]:
+            row(f"  first failure ({b['failed']} failed)", b["first_error"])
+        row(f"  batch remove: {b['removed']} objects by Client.remove_many",
+            f"{b['removes_per_s']:.0f}/s")
+    else:
+        row("batch create (one request, many objects)",
+            "not measured (--batch 0)" if not b["asked"] else
+            f"no object made: {b.get('first_error')}", goal)
 
     fp = fig["footprint"]
     if "status_error" in fp:
@@ -571,6 +621,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "inherited")
     p.add_argument("--host-capacity", default=None, metavar="SIZE",
                    help="gpumemd --host-capacity (default: the daemon's, half the RAM)")
+    p.add_argument("--batch", type=int, default=1000, metavar="N",
+                   help="objects made by one Client.create_many (then removed) (1000; 0: "
+                        "none)")
     p.add_argument("--reads", type=int, default=2000,
                    help="random reads through each path (2000)")
     p.add_argument("--max-failures", type=int, default=20, metavar="K",
@@ -588,8 +641,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.size = parse_size(args.size)
     except (GpumemError, ValueError) as exc:
         p.error(f"--size: {exc}")
-    if args.objects < 1 or args.reads < 0 or args.max_failures < 1:
-        p.error("--objects and --max-failures must be at least 1, --reads at least 0")
+    if args.objects < 1 or args.reads < 0 or args.max_failures < 1 or args.batch < 0:
+        p.error("--objects and --max-failures must be at least 1, --reads and --batch at "
+                "least 0")
     if args.fd_limit is not None:
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         if args.fd_limit < 64:
@@ -610,7 +664,7 @@ def run_all(d: ObjectsDaemon, args, fig: dict) -> None:
         fds_before = d.fds()
         nvml_before = nvml_used(s.client().status())
         cr = fig["create"] = phase_create(s, args, fig)
-        fig["batch"] = phase_batch()
+        fig["batch"] = phase_batch(s, args)
         fig["footprint"] = phase_footprint(s, cr, args.size, shmem_before, fds_before,
                                            nvml_before)
         if args.durable:
@@ -653,7 +707,8 @@ def main(argv=None) -> int:
                  "config": {"backend": args.backend, "objects": args.objects,
                             "size": args.size, "durable": args.durable, "ecc": args.ecc,
                             "fd_limit": args.fd_limit, "host_capacity": args.host_capacity,
-                            "reads": args.reads, "max_failures": args.max_failures,
+                            "reads": args.reads, "batch": args.batch,
+                            "max_failures": args.max_failures,
                             "seed": args.seed}}
     started = time.perf_counter()
     try:

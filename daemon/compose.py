@@ -25,6 +25,7 @@ from .core.slabs import Slabs
 from .registry import Registry
 from .verbs import Verbs
 from .verbs.checks import Checks
+from .verbs.copies import CopyVerbs
 from .verbs.data import DataVerbs
 from .verbs.durability import DurabilityVerbs
 from .verbs.handles import HandleVerbs
@@ -113,6 +114,8 @@ def build_verbs(c: Core, config: Config) -> Verbs:
                         c.lifecycle),
         data=DataVerbs(c.journal, c.ns, c.backend, c.custody, c.integrity, c.quotas,
                        c.sizing),
+        copies=CopyVerbs(c.journal, c.ns, c.backend, c.custody, c.integrity, c.holders,
+                         c.sizing),
         durability=DurabilityVerbs(c.ns, c.custody, c.lifecycle),
         handles=HandleVerbs(c.registry, c.journal, c.ns, c.backend, c.custody, c.integrity,
                             c.holders, c.sizing, c.lifecycle, c.refills,

@@ -27,6 +27,7 @@ from _socket import AF_UNIX, SHUT_RDWR, SOCK_CLOEXEC, SOCK_STREAM
 from _socket import socket as unix_socket
 from _thread import allocate_lock  # what threading.Lock() returns
 
+from .batch import BatchCalls
 from .protocol import (
     PROTOCOL_VERSION,
     NotRunning,
@@ -76,8 +77,9 @@ if TYPE_CHECKING:
     from .streams import Subscription
 
 
-class Client:
-    """A connection to gpumemd, and the session it is (module docstring)."""
+class Client(BatchCalls):
+    """A connection to gpumemd, and the session it is (module docstring); many objects in
+    one request: create_many, remove_many, read_many, write_many (gpumemctl/batch.py)."""
 
     def __init__(self, socket_path: str | None = None, *, client_name: str = "gpumemctl",
                  timeout: float | None = 60.0):

@@ -11,6 +11,7 @@ together).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable
 
 from gpumemctl.protocol import UsageError
@@ -27,7 +28,7 @@ from gpumemctl.protocol.defaults import (
 )
 
 from ..verbs.refill import REPORT_ACTIONS, REPORT_RESULTS
-from . import allocations, status, streams, verify
+from . import allocations, batch, status, streams, verify
 from .call import Call, Reply
 from .schema import REQUIRED, Arg, Kind
 from .transport import Connection
@@ -90,6 +91,20 @@ HANDLE = Arg("handle", Kind.INT)
 KEY = Arg("key", Kind.STR, what="a metadata key (a string)")
 METADATA = Arg("metadata", Kind.OBJECT, None, what="an object of metadata keys and string "
                                                    "values")
+CREATE = (path(), Arg("size", Kind.INT, what="a size in bytes (an integer)"),
+          flag("durable"), Arg("mode", Kind.INT, FILE_MODE),
+          Arg("device", Kind.DEVICE, None),
+          # None: the daemon's default (config `ecc`); older clients always send one.
+          Arg("ecc", Kind.STR, None), flag("exist_ok"), flag("lease"), METADATA)
+OFFSET = Arg("offset", Kind.INT, 0, what="a byte offset (an integer)")
+READ = (path(), OFFSET, Arg("length", Kind.INT, clamp=(0, READ_COPY_BYTES),
+                            what="a number of bytes (an integer)"))
+# Many objects at once (daemon/server/batch.py): the list, and the schema of each item, which
+# is checked item by item (an item's bad field is that item's error, not the request's).
+ITEMS = Arg("items", Kind.LIST, what="a list of objects, one per item")
+READ_ITEM = (path(), OFFSET, Arg("length", Kind.INT, None, clamp=(0, READ_COPY_BYTES),
+                                 what="a number of bytes (an integer), or null: to the end"))
+WRITE_ITEM = (path(), OFFSET, Arg("data", Kind.STR, what="the bytes to write, base64"))
 
 
 # ---- the table --------------------------------------------------------------------------------
@@ -104,12 +119,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
                                               what="the `next` of the previous page"),
               Arg("limit", Kind.INT, None, clamp=(1, EVENTS_MAX_LIMIT))), allocations.ls),
     Op("info", (path(),), allocations.info),
-    Op("create", (path(), Arg("size", Kind.INT, what="a size in bytes (an integer)"),
-                  flag("durable"), Arg("mode", Kind.INT, FILE_MODE),
-                  Arg("device", Kind.DEVICE, None),
-                  # None: the daemon's default (config `ecc`); older clients always send one.
-                  Arg("ecc", Kind.STR, None), flag("exist_ok"), flag("lease"), METADATA),
-       allocations.create),
+    Op("create", CREATE, allocations.create),
     Op("mkdir", (path(), Arg("mode", Kind.INT, DIR_MODE), flag("parents")), allocations.mkdir),
     Op("rm", (path(), flag("recursive"), flag("force")), allocations.rm),
     # Symbolic links (issue 15): the target is any string of 1-4095 bytes, kept as given.
@@ -120,10 +130,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
        allocations.link),
     Op("durable", (path(), flag("durable")), allocations.durable),
     Op("open", (path(), OPEN), allocations.open_),
-    Op("read", (path(), Arg("offset", Kind.INT, 0, what="a byte offset (an integer)"),
-                Arg("length", Kind.INT, clamp=(0, READ_COPY_BYTES),
-                    what="a number of bytes (an integer)")),
-       allocations.read),
+    Op("read", READ, allocations.read),
     Op("close", (HANDLE, Arg("written", Kind.OBJECT, None), Arg("restored", Kind.OBJECT, None)),
        allocations.close),
     # Snapshots (issue 16): the client moves the data; these let it fill memory it may
@@ -168,6 +175,12 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("scrub", (Arg("action", Kind.STR, SCRUB_ACTION, choices=("start", "stop", "status")),
                  Arg("rate", Kind.INT, None, what="bytes per second (an integer)")),
        verify.scrub),
+    # Many objects at once (issue 26): one result per item, in order (daemon/server/batch.py).
+    Op("create_many", (ITEMS,), functools.partial(batch.create_many, CREATE)),
+    Op("remove_many", (Arg("paths", Kind.STR_LIST, what="a list of names (strings)"),
+                       flag("recursive"), flag("force")), batch.remove_many),
+    Op("read_many", (ITEMS,), functools.partial(batch.read_many, READ_ITEM)),
+    Op("write_many", (ITEMS,), functools.partial(batch.write_many, WRITE_ITEM)),
     Op("debug_corrupt", (path(), Arg("offset", Kind.INT), Arg("length", Kind.INT),
                          Arg("pattern", Kind.STR, CORRUPT_PATTERN), flag("parity")),
        verify.debug_corrupt),

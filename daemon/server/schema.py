@@ -25,6 +25,7 @@ class Kind(enum.Enum):
     BOOL = "true or false"
     OBJECT = "an object"
     STR_LIST = "a list of strings"
+    LIST = "a list"                 # of anything: the handler checks each element
     DEVICE = "a device index or UUID string"     # taken as the string it spells
 
 
@@ -95,6 +96,8 @@ def _is(kind: Kind, value: Any) -> bool:
         return isinstance(value, dict)
     if kind is Kind.STR_LIST:
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind is Kind.LIST:
+        return isinstance(value, list)
     return isinstance(value, str) or _is(Kind.INT, value)      # Kind.DEVICE
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from .checks import Checks
+from .copies import CopyVerbs
 from .data import DataVerbs
 from .durability import DurabilityVerbs
 from .handles import HandleVerbs
@@ -25,6 +26,7 @@ from .service import ServiceVerbs
 class Verbs:
     names: NameVerbs            # create, mkdir, rm, rename, links, special files, attributes
     data: DataVerbs             # resize, the mount's reads and writes, read by copy, fsync
+    copies: CopyVerbs           # writes by copy through the socket (write_many)
     durability: DurabilityVerbs  # durable / transient
     handles: HandleVerbs        # open, attach, close, detach, seal, revoke; mount files; sessions
     refill: RefillVerbs         # refilling from a snapshot

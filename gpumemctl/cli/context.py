@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 
 from .. import output
-from ..protocol import GpumemError, parse_size
+from ..protocol import GpumemError, UsageError, parse_size
 from ..protocol.errors import OK
 
 TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
@@ -16,6 +16,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ..client import Client
+
+
+class CommandLineError(UsageError):
+    """A command line its body finds it cannot run (arguments that go only together, or
+    never): one line and where help is, exit 2, as typer words the usage errors it finds."""
+
+    def __init__(self, message: str, command: str):
+        super().__init__(message)
+        self.hint = f"Try 'gpumemctl {command} -h' for help."
 
 
 class Settings:
@@ -61,7 +70,10 @@ def report(exc: GpumemError | OSError) -> int:
         if to_stdout:
             output.detach_stdout()
         exc = file_error(exc)
-    output.error(str(exc))
+    if isinstance(exc, CommandLineError):
+        output.usage_error(str(exc), exc.hint)
+    else:
+        output.error(str(exc))
     try:                # what the command printed before it failed, if stdout takes it
         output.flush()
     except OSError:

@@ -11,7 +11,7 @@ from .. import output
 from ..protocol import GpumemError, format_size, parse_size
 from ..protocol.defaults import DIR_MODE, FILE_MODE
 from ..protocol.errors import OK
-from .context import connect, want_json
+from .context import CommandLineError, connect, want_json
 from .declare import DEVICE, DURABLE, ECC, JSON, NAME, NAMES, NODE, Arg, Group, Opt
 from .declare import FILE_MODE as MODE
 
@@ -77,16 +77,35 @@ def _mode_string(e: Node) -> str:
 
 
 @commands.command(
-    "create", plain=True, name=NAME,
-    size=Opt("--size", "-s", help="e.g. 4096, 64K, 1.5G, 2GB."),
+    "create", plain=True,
+    name=Arg("Allocation name, e.g. models/llama (none with --from).", complete=True),
+    size=Opt("--size", "-s", help="e.g. 4096, 64K, 1.5G, 2GB (none with --from)."),
     durable=DURABLE, device=DEVICE, mode=MODE, ecc=ECC,
     exist_ok=Opt("--exist-ok", help="Succeed if it exists with this size."),
+    from_=Opt("--from", metavar="FILE",
+              help="Create one allocation per line of FILE (- for stdin), each line NAME "
+                   "SIZE (blank lines and # comments skipped), in one request; the other "
+                   "options apply to every line. A malformed line: exit 2, nothing "
+                   "created. Exit status: the first failure's code, 0 when every one was "
+                   "created."),
     json_=JSON)
-def create(name: str, size: str, durable: bool = False, device: str | None = None,
-           mode: str = f"{FILE_MODE:04o}", ecc: str | None = None, exist_ok: bool = False,
-           json_: bool = False):
-    """Allocate NAME (missing parent directories are created)."""
+def create(name: str | None = None, size: str | None = None, durable: bool = False,
+           device: str | None = None, mode: str = f"{FILE_MODE:04o}", ecc: str | None = None,
+           exist_ok: bool = False, from_: str | None = None, json_: bool = False):
+    """Allocate NAME (missing parent directories are created), or every NAME SIZE line of
+    --from FILE."""
     from ..formats import parse_mode
+    if from_ is not None:
+        if name is not None or size is not None:
+            raise CommandLineError("--from takes every name and size from its file: give "
+                                   "no NAME or --size with it", "create")
+        from .createfrom import create_from
+        return create_from(from_, durable=durable, device=device, mode=parse_mode(mode),
+                           ecc=ecc, exist_ok=exist_ok, json_=want_json(json_))
+    if name is None:
+        raise CommandLineError("missing argument 'NAME'", "create")
+    if size is None:
+        raise CommandLineError("missing option '--size' / '-s'", "create")
     nbytes, bits = parse_size(size), parse_mode(mode)
     with connect() as c:
         info = c.create(name, nbytes, durable=durable, mode=bits, device=device, ecc=ecc,

@@ -20,6 +20,15 @@ CORRUPT_PATTERN = "ff"      # `debug_corrupt`: the hex bytes written over the ra
 # Snapshots: the block the format checksums (gpumemctl/snapshots/manifest.py) and the unit
 # in which the daemon tracks what changed since a snapshot (op `changes`).
 SNAPSHOT_BLOCK = 1 << 20
+# Many objects at once (`create_many`, `remove_many`, `read_many`, `write_many`; docs/
+# protocol.md): the most items one request takes (more: the request is refused whole), and
+# the most bytes of data one `read_many` answer carries (the items past it are left out, and
+# the client library asks for them again). A `write_many` is bounded by the request's
+# 1 MiB (framing.MAX_REQUEST_BYTES); the client library sends an item's data in pieces of
+# BATCH_WRITE_PIECE bytes, so that any item fits.
+BATCH_MAX_ITEMS = 1024
+BATCH_READ_BYTES = 16 << 20
+BATCH_WRITE_PIECE = 512 << 10
 
 
 def default_socket() -> str:

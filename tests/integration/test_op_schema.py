@@ -36,10 +36,12 @@ GOOD_ARGS: dict[str, dict] = {
     "snapshot_report": {"action": "verify", "result": "ok"},
     "meta_list": {"path": "a"}, "meta_get": {"path": "a", "key": "k"},
     "meta_set": {"path": "a", "key": "k", "value": "v"}, "meta_rm": {"path": "a", "key": "k"},
+    "create_many": {"items": [{"path": "n", "size": 4096}]}, "remove_many": {"paths": ["a"]},
+    "read_many": {"items": [{"path": "a"}]}, "write_many": {"items": [{"path": "a", "data": ""}]},
 }
 # A value of the wrong JSON type for each kind of argument.
 WRONG = {Kind.STR: 7, Kind.INT: "7", Kind.BOOL: 1, Kind.OBJECT: [1],
-         Kind.STR_LIST: ["a", 1], Kind.DEVICE: [0]}
+         Kind.STR_LIST: ["a", 1], Kind.DEVICE: [0], Kind.LIST: {"path": "a"}}
 
 
 def _world(c) -> dict:

@@ -72,6 +72,8 @@ PLAIN = [
     ["create", "x", "--size", "1M"], ["create", "-s", "2G", "x", "--size", "4K"],
     ["create", "--size=1M", "x", "--durable", "--mode", "0640", "--ecc", "none",
      "--device", "0", "--exist-ok", "--json"],
+    ["create", "x"], ["create", "--from", "list.txt", "--durable", "--mode", "0640"],
+    ["create", "--from=-", "--json"],
     ["mkdir", "d"], ["mkdir", "-p", "a/b", "--mode=0700", "--json"],
     ["rm", "a"], ["rm", "a", "b", "-r", "-f", "c", "--json"], ["rm", "-R", "--force", "x"],
     ["durable", "a", "b"], ["transient", "--json", "a"],
@@ -110,7 +112,7 @@ def test_plain_command_lines_read_as_click_reads_them(argv, socket_env, monkeypa
 
 LEFT_TO_TYPER = [
     [], ["-h"], ["--help"], ["ls", "-h"], ["create", "--help"], ["ls", "-lR"],
-    ["ls", "--", "-x"], ["ls", "a", "b"], ["info"], ["rm"], ["create", "x"],
+    ["ls", "--", "-x"], ["ls", "a", "b"], ["info"], ["rm"],
     ["create", "x", "--size"], ["create", "x", "-s1M"], ["create", "x", "--size", "-1"],
     ["ls", "--bogus"], ["lss"], ["--json=1", "ls"], ["ls", "--json=yes"], ["--socket"],
     ["ls", "--socket", "/x"], ["read", "a", "b", "c"], ["verify", "--all"],
