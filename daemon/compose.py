@@ -111,7 +111,7 @@ def build_core(registry: Registry, backend: Backend, keeper: Any, config: Config
 def build_verbs(c: Core, config: Config) -> Verbs:
     return Verbs(
         names=NameVerbs(c.journal, c.ns, c.custody, c.holders, c.quotas, c.creation,
-                        c.lifecycle),
+                        c.lifecycle, c.sizing),
         data=DataVerbs(c.journal, c.ns, c.backend, c.custody, c.integrity, c.quotas,
                        c.sizing),
         copies=CopyVerbs(c.journal, c.ns, c.backend, c.custody, c.integrity, c.holders,

@@ -31,7 +31,7 @@ import types
 
 from . import dlpack
 from .client import Client
-from .memory import CudaMemory, HostMapping
+from .memory import CudaMemory, HostMapping, region_of
 from .protocol import NotRunning, ProtocolError, UsageError, framing
 
 
@@ -42,7 +42,7 @@ def attach(name: str, mode: str = "r", socket: str | None = None, *,
     own = client is None
     conn = Client(socket, client_name="gpumemctl.attach") if client is None else client
     try:
-        result, fds = conn.call_fds("attach", path=name, mode=mode)
+        result, fds = conn.call_fds("attach", path=name, mode=mode, regions=True)
     except BaseException:
         if own:
             conn.close()
@@ -79,7 +79,7 @@ class Attachment:
         if self.backend == "cuda":
             self._memory = CudaMemory(fd, info, self.writable)
         else:
-            self._memory = HostMapping(fd, info["capacity"], self.writable)
+            self._memory = HostMapping(fd, info["capacity"], self.writable, region_of(info)[0])
         self.ptr: int = self._memory.ptr
         self.device: int = self._memory.device
 

@@ -244,7 +244,7 @@ class Client(BatchCalls):
     # ---- data -----------------------------------------------------------------------------
     def open(self, path: str, mode: str = OPEN_MODE) -> Handle:
         from .handle import Handle
-        result, fds = self.call_fds("open", path=path, mode=mode)
+        result, fds = self.call_fds("open", path=path, mode=mode, regions=True)
         if len(fds) != 1:
             framing.close_fds(fds)
             raise ProtocolError(f"'open' answered with {len(fds)} fds, expected 1")

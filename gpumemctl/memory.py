@@ -44,11 +44,20 @@ SNAPSHOT_CHUNK = 256 << 20   # drain/fill's pieces on the host backend (gpumemct
 Advance = Callable[[int], None]    # called with the bytes moved so far
 
 
+def region_of(info) -> tuple[int, int | None]:
+    """(offset, span) of the allocation in the memory its fd holds: a small allocation in
+    its owner's slab lies at `region.offset` of `region.span` bytes (docs/storage.md); any
+    other is the whole of it, (0, None)."""
+    region = info.get("region") or {}
+    return int(region.get("offset", 0)), region.get("span")
+
+
 def open_memory(backend: str, fd: int, info: Allocation, writable: bool):
     """Map the memory behind `fd` (taking ownership of the fd)."""
     if backend == "cuda":
         return CudaMemory(fd, info, writable)
-    return HostMemory(fd, info["capacity"], writable)  # type: ignore[arg-type]  # not pending
+    return HostMemory(fd, info["capacity"], writable,  # type: ignore[arg-type]  # not pending
+                      region_of(info)[0])
 
 
 # Regular files move through the staging buffers in parallel pieces (preadv/pwrite release the
@@ -126,10 +135,10 @@ def _fill_from(src: BinaryIO, view: memoryview) -> int:
 
 
 class HostMemory:
-    def __init__(self, fd: int, capacity: int, writable: bool):
+    def __init__(self, fd: int, capacity: int, writable: bool, offset: int = 0):
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         try:
-            self.map = mmap.mmap(fd, capacity, mmap.MAP_SHARED, prot)
+            self.map = mmap.mmap(fd, capacity, mmap.MAP_SHARED, prot, offset=offset)
         finally:
             os.close(fd)
         self.writable = writable
@@ -209,12 +218,12 @@ class HostMapping:
 
     _libc: ctypes.CDLL | None = None
 
-    def __init__(self, fd: int, capacity: int, writable: bool):
+    def __init__(self, fd: int, capacity: int, writable: bool, offset: int = 0):
         import ctypes
         libc = self._load_libc()
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         try:
-            addr = libc.mmap(None, capacity, prot, mmap.MAP_SHARED, fd, 0)
+            addr = libc.mmap(None, capacity, prot, mmap.MAP_SHARED, fd, offset)
             err = ctypes.get_errno()
         finally:
             os.close(fd)
@@ -316,13 +325,17 @@ class CudaMemory:
             raise _client_error(info, exc) from None
         finally:
             os.close(fd)
+        # A slot's fd is its slab's (region_of): the slab is mapped whole, as a CUDA handle
+        # maps only from offset 0, and the allocation begins `offset` bytes into it.
+        offset, span = region_of(info)
         try:
-            self.mapping = cudadrv.Mapping(handle, self.capacity, self.device, writable)
+            self.mapping = cudadrv.Mapping(handle, span or self.capacity, self.device,
+                                           writable)
         except cudadrv.CudaError as exc:
             with cudadrv.context(self.device):
                 cudadrv.release(handle)
             raise _client_error(info, exc) from None
-        self.ptr = self.mapping.ptr
+        self.ptr = self.mapping.ptr + offset
 
     def stager(self, length: int):
         """Staging buffers sized for the first transfer (small reads pin little memory)."""

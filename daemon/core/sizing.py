@@ -101,12 +101,21 @@ class Sizing:
         (docs/security.md, "Slabs"). One device copy of at most half a granule."""
         if not isinstance(alloc.buffer, Slot):
             return
+        self.holders.require_no_others(alloc, None, "moved out of its slab")
         dev = self.backend.device(alloc.device)
         capacity = max(dev.granularity, round_up(alloc.size, dev.granularity))
         with alloc.parity_lock:
             self.custody.reallocate(alloc, dev, alloc.size, capacity,
                                     lambda: self._commit_capacity(alloc, capacity))
             self._protect_resized(alloc, alloc.size, fresh=False)
+
+    @staticmethod
+    def shares_slab_with(alloc: Allocation, uid: int) -> bool:
+        """Whether `uid` may be given the descriptor of the slab `alloc` is in, mapping the
+        allocation at its offset (docs/storage.md, "The export rule"): the slab's owner,
+        owning the allocation, asking for a slab (a client that maps regions)."""
+        buf = alloc.buffer
+        return isinstance(buf, Slot) and buf.slab.uid == uid == alloc.uid
 
     def _protect_resized(self, alloc: Allocation, old_size: int, fresh: bool) -> None:
         if self.integrity.protect_resized(alloc, old_size, fresh) and alloc.durable \

@@ -68,7 +68,8 @@ async def durable(call: Call) -> Reply:
 
 async def open_(call: Call) -> Reply:
     holder, fd, node = call.verbs.handles.open(call.args["path"], call.session.cred,
-                                               call.session, call.args["mode"])
+                                               call.session, call.args["mode"],
+                                               call.args["regions"])
     return {"handle": holder.id, "info": node,
             "backend": call.verbs.reports.backend_name}, [fd]
 
@@ -132,7 +133,8 @@ async def revoke(call: Call) -> Reply:
 
 async def attach(call: Call) -> Reply:
     holder, fd, node = call.verbs.handles.attach(call.args["path"], call.session.cred,
-                                                 call.session, call.args["mode"])
+                                                 call.session, call.args["mode"],
+                                                 call.args["regions"])
     return {"handle": holder.id, "info": node,
             "backend": call.verbs.reports.backend_name}, [fd]
 

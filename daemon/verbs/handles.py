@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from gpumemctl.protocol import GpumemError, PermissionDenied, UsageError
 
-from ..backends import Backend
+from ..backends.packed import PackedBackend
 from ..core.custody import Custody
 from ..core.describe import describe
 from ..core.holders import ATTACH_KINDS, HANDLE_KINDS, MOUNT_KINDS, Holders
@@ -40,7 +40,7 @@ log = logging.getLogger("gpumemd")
 
 class HandleVerbs:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
-                 backend: Backend, custody: Custody, integrity: Integrity, holders: Holders,
+                 backend: PackedBackend, custody: Custody, integrity: Integrity, holders: Holders,
                  sizing: Sizing, lifecycle: Lifecycle, refills: Refills, *,
                  fds_to_readers: bool = False):
         """`fds_to_readers`: config cuda_fds_to_readers (_require_fd_for_reader)."""
@@ -140,25 +140,38 @@ class HandleVerbs:
             self.refills.abort(session, holder)
 
     # ---- handles and attachments (the socket) -------------------------------------------------
-    def open(self, path: str, cred: Credentials, session: Session, mode: str):
+    def open(self, path: str, cred: Credentials, session: Session, mode: str,
+             regions: bool = False):
         """Open for I/O by fd passing. Returns (holder, fd, info). One writer or many
-        readers: a conflicting request is busy."""
+        readers: a conflicting request is busy. `regions`: the client maps a region of
+        what the fd holds (info's `region`), so an allocation in its owner's slab may stay
+        there (docs/storage.md, "The export rule")."""
         alloc, holder, fd = self._lock_and_export(path, cred, session, mode, HANDLE_KINDS,
-                                                  "open")
-        return holder, fd, describe(alloc, cred=cred)
+                                                  "open", regions)
+        return holder, fd, self._with_region(describe(alloc, cred=cred), alloc)
 
-    def attach(self, path: str, cred: Credentials, session: Session, mode: str):
+    def attach(self, path: str, cred: Credentials, session: Session, mode: str,
+               regions: bool = False):
         """Like open, for a client that maps the memory and keeps it mapped. Read-write
         makes the allocation `unsealed` until the writer detaches or seals: its parity
         cannot follow writes it does not see."""
         alloc, holder, fd = self._lock_and_export(path, cred, session, mode, ATTACH_KINDS,
-                                                  "attach")
+                                                  "attach", regions)
         # With its metadata: a tensor index read here is the one of the memory attached
         # (gpumemctl.tensors), whatever changes after. Attaching needs read permission.
-        return holder, fd, describe(alloc, holders=True, metadata=True, cred=cred)
+        return holder, fd, self._with_region(
+            describe(alloc, holders=True, metadata=True, cred=cred), alloc)
+
+    def _with_region(self, info: NodeInfo, alloc: Allocation) -> NodeInfo:
+        """The reply's info, with `region` ({offset, span}: where the allocation lies in
+        the memory the fd holds) when the fd is its slab's."""
+        region = self.backend.region(alloc.buffer)
+        if region is not None:
+            info["region"] = {"offset": region[0], "span": region[1]}  # type: ignore[typeddict-unknown-key]
+        return info
 
     def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,
-                         kinds: dict, what: str):
+                         kinds: dict, what: str, regions: bool = False):
         """Permission, memory present, the lock; then a new fd, and in one change the holder
         of kinds[mode] with what a writer brings: a handle's WRITING mark, an attachment's
         `unsealed`. If that change fails, the fd is closed and nothing is left."""
@@ -174,7 +187,8 @@ class HandleVerbs:
         if alloc.damaged:     # a mapping cannot fail a range: refuse the whole allocation
             self.integrity.require_undamaged(alloc, 0, alloc.size or 0)
         self.holders.require_lockable(alloc, writable)
-        self.sizing.own_memory(alloc)      # never a slab's fd: a slot moves out first
+        if not (regions and self.sizing.shares_slab_with(alloc, cred.uid)):
+            self.sizing.own_memory(alloc)  # another's slab never: the slot moves out first
         kind = kinds[mode]
         fd = self.backend.export(alloc.buffer, writable)
         try:

@@ -29,6 +29,7 @@ from ..core.nodes import SPECIAL_KINDS, Allocation, Directory, Node, Special, Sy
 from ..core.permissions import Credentials, R, W, X, require
 from ..core.quotas import Quotas
 from ..core.sessions import Session
+from ..core.sizing import Sizing
 from .plan import DEPOSITS, Exclusive, KeeperWork, Plan
 
 if TYPE_CHECKING:
@@ -37,7 +38,9 @@ if TYPE_CHECKING:
 
 class NameVerbs:
     def __init__(self, journal: Journal, namespace: Namespace, custody: Custody,
-                 holders: Holders, quotas: Quotas, creation: Creation, lifecycle: Lifecycle):
+                 holders: Holders, quotas: Quotas, creation: Creation, lifecycle: Lifecycle,
+                 sizing: Sizing):
+        self.sizing = sizing
         self.journal = journal
         self.ns = namespace
         self.custody = custody
@@ -293,7 +296,14 @@ class NameVerbs:
 
     # ---- attributes -----------------------------------------------------------------------
     def setattr(self, node_id: int, cred: Credentials, **changes) -> Node:
-        """chmod / chown / utimens (ns.attributes.setattr); a new owner's quota is checked."""
+        """chmod / chown / utimens (ns.attributes.setattr); a new owner's quota is checked.
+        A packed allocation given to another owner leaves its slab first (a slab holds one
+        owner's bytes: docs/storage.md); busy while a descriptor of it is held."""
+        node = self.ns.node(node_id)
+        uid = changes.get("uid")
+        if uid is not None and isinstance(node, Allocation) and uid != node.uid and \
+                (cred.uid == 0 or changes.get("authorised")):
+            self.sizing.own_memory(node)
         return self.ns.attributes.setattr(node_id, cred, charge=self.quotas.check, **changes)
 
     def note_access(self, node: Node) -> None:

@@ -3,6 +3,7 @@ memory and descriptors per object, durability across a kill -9, `check`, and the
 rule (no client, of any uid, ever receives a slab's descriptor)."""
 from __future__ import annotations
 
+import ctypes  # noqa: F401 - HostMapping needs it; the other uid cannot import it
 import json
 import mmap  # noqa: F401 - the other uid cannot import it after the drop
 import os
@@ -83,7 +84,7 @@ def test_transient_objects_are_dropped_and_their_slots_reused(packed):
     assert json.loads(d.cli("check", "--json", check=0).stdout)["clean"]
 
 
-def _alice_writes(mnt: str, public: str, secret: str) -> int:
+def _alice_writes(mnt: str, public: str, secret: str) -> int:  # (both in her slab)
     for name, data, mode in (("pub", public, 0o644), ("secret", secret, 0o600)):
         fd = os.open(os.path.join(mnt, "shared", name), os.O_CREAT | os.O_WRONLY, mode)
         os.write(fd, data.encode())
@@ -138,3 +139,52 @@ def test_many_files_in_the_mount_under_a_low_descriptor_limit(mounted_factory, t
         with open(path, "rb") as f:
             assert f.read() == data
     assert daemon_fds(d) < 200
+
+
+def _alice_maps_her_slab(socket: str, name: str) -> list:
+    """As a hostile client would: ask for a region and map everything the fd holds."""
+    with Client(socket) as c:
+        result, fds = c.call_fds("attach", path=name, mode="r", regions=True)
+        region = result["info"].get("region")
+        span = region["span"] if region else result["info"]["capacity"]
+        with mmap.mmap(fds[0], span, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+            whole = bytes(m)
+        os.close(fds[0])
+        c.call("detach", handle=result["handle"])
+        return [region is not None, span, whole.count(b"B" * 64)]
+
+
+def test_the_owner_maps_its_small_object_in_place_and_a_chown_takes_it_out(
+        mounted_factory, tmp_path):
+    """alice's own open and attach map her packed file where it lies (a region of her
+    slab: no move, bytes right both ways). Root gives one of her files to bob: it leaves
+    her slab first, so bob's bytes written after never show in her slab's memory."""
+    d = mounted_factory(extra_args=["--config", config_file(tmp_path)])
+    shared = os.path.join(d.mnt, "shared")
+    os.mkdir(shared, 0o1777)
+    os.chmod(shared, 0o1777)
+    run_as(_alice_writes, d.mnt, "P" * 4096, "S" * 4096, uid=1000, gid=1000)
+
+    def alice_opens() -> list:
+        with Client(d.socket) as c:
+            with c.open("shared/secret", "rw") as h:
+                before = h.read(0, 8)
+                h.write(b"s" * 8, 0)
+            a = c.attach("shared/secret", "r")
+            try:
+                mapped = a.read(0, 16)
+            finally:
+                a.detach()
+            return [before.decode(), mapped.decode(), c.info("shared/secret")["capacity"]]
+    before, mapped, capacity = run_as(alice_opens, uid=1000, gid=1000)
+    assert (before, mapped, capacity) == ("S" * 8, "s" * 8 + "S" * 8, 4096)   # in place
+    with open(os.path.join(shared, "secret"), "rb") as f:
+        assert f.read() == b"s" * 8 + b"S" * 4088
+    os.chown(os.path.join(shared, "secret"), 1001, 1001)          # root gives it to bob
+    assert d.cli_json("info", "shared/secret")["capacity"] == 2 * MiB
+    with open(os.path.join(shared, "secret"), "r+b") as f:        # bob's bytes from now on
+        f.write(b"B" * 4096)
+    packed, span, found = run_as(_alice_maps_her_slab, d.socket, "shared/pub", uid=1000,
+                                 gid=1000)
+    assert packed and span >= 4096 and found == 0
+    assert json.loads(d.cli("check", "--json", check=0).stdout)["clean"]
