@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes  # noqa: F401 - HostMapping needs it; the other uid cannot import it
 import json
-import mmap  # noqa: F401 - the other uid cannot import it after the drop
+import mmap
 import os
 import resource
 
