@@ -631,6 +631,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--restart-timeout", type=float, default=300.0, metavar="S",
                    help="give up waiting for all objects ready after a restart (300 s)")
     p.add_argument("--seed", type=int, default=26, help="seed of the objects' bytes")
+    p.add_argument("--slabs", action="store_true",
+                   help="start gpumemd with config `slabs = true` (small objects packed)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--keep", action="store_true",
                    help="keep the temp dir (daemon log, registry) for inspection")
@@ -698,6 +700,11 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # cleans up in finally
     base = tempfile.mkdtemp(prefix="gpumemctl-objbench-", dir="/tmp")
     extra = ["--host-capacity", args.host_capacity] if args.host_capacity else []
+    if args.slabs:
+        conf = os.path.join(base, "gpumemd.toml")
+        with open(conf, "w") as f:
+            f.write("slabs = true\n")
+        extra += ["--config", conf]
     d = ObjectsDaemon(base, args.backend, args.fd_limit, extra)
     m = core.machine()
     gpus = fs.nvidia_smi("--query-gpu=name", "--format=csv,noheader")
@@ -707,7 +714,7 @@ def main(argv=None) -> int:
                  "config": {"backend": args.backend, "objects": args.objects,
                             "size": args.size, "durable": args.durable, "ecc": args.ecc,
                             "fd_limit": args.fd_limit, "host_capacity": args.host_capacity,
-                            "reads": args.reads, "batch": args.batch,
+                            "reads": args.reads, "batch": args.batch, "slabs": args.slabs,
                             "max_failures": args.max_failures,
                             "seed": args.seed}}
     started = time.perf_counter()

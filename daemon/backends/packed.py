@@ -224,6 +224,14 @@ class SlabPool:
         if not same:
             self._by_key.pop(slab.key, None)
 
+    def bytes_per_device(self) -> dict[str, int]:
+        """Device UUID -> the bytes the slabs hold there (data and parity)."""
+        out: dict[str, int] = {}
+        for s in self.slabs.values():
+            parity = s.parity.capacity if s.parity is not None else 0
+            out[s.device] = out.get(s.device, 0) + s.capacity + parity
+        return out
+
     def slab_fds(self, uid: int | None = None) -> int:
         """Descriptors the slabs (of `uid`; None: all) hold in gpumemd: data and parity."""
         return sum(1 + (s.parity is not None) for s in self.slabs.values()

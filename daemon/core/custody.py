@@ -199,10 +199,13 @@ class Custody:
 
     def free(self, alloc: Allocation) -> None:
         with alloc.parity_lock:           # a worker may be encoding it (ParityJob)
-            if alloc.buffer is not None:
-                self.backend.free(alloc.buffer)
+            buf = alloc.buffer
+            if buf is not None:
+                self.backend.free(buf)
                 alloc.buffer = None
             self.parity.free(alloc)
+        if isinstance(buf, Slot):
+            self.slabs.emptied(buf.slab)
 
     def stage(self, key: int, buf, capacity: int, device: str) -> None:
         """Deposit a resize's new memory under the staging key -id (reallocate)."""

@@ -91,6 +91,12 @@ class Slabs:
             self.keeper.withdraw(SLAB_KEY_BASE + slab.id)
         self.backend.pool.retire_slab(slab)
 
+    def emptied(self, slab: Slab) -> None:
+        """A slot of `slab` was given back: an empty slab goes now (sweep), unless a change
+        is open (its rollback could need the slot again: the next sweep takes it)."""
+        if not slab.used and not self.journal.in_change:
+            self.sweep()
+
     def sweep(self) -> int:
         """Free the slabs no allocation uses, but the last of each kind (it is reused
         first). Returns how many went."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..backends import Backend
+from ..backends.packed import PackedBackend
 from ..core.holders import Holders
 from ..core.journal import Journal
 from ..core.namespace import Namespace
@@ -17,7 +17,7 @@ from ..registry import Registry
 
 class Reports:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
-                 backend: Backend, keeper: Any, holders: Holders, quotas: Quotas):
+                 backend: PackedBackend, keeper: Any, holders: Holders, quotas: Quotas):
         """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper/link.py)."""
         self.registry = registry
         self.journal = journal
@@ -37,7 +37,11 @@ class Reports:
         return self.backend.devices()
 
     def bytes_held_per_device(self) -> dict[str, int]:
-        return self.ns.reports.bytes_held_per_device()
+        """Memory of their own (the namespace's count), and the slabs whole, parity too."""
+        ours = self.ns.reports.bytes_held_per_device()
+        for device, nbytes in self.backend.pool.bytes_per_device().items():
+            ours[device] = ours.get(device, 0) + nbytes
+        return ours
 
     def totals(self) -> dict:
         return self.ns.reports.totals(sessions=len(self.holders.sessions))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from gpumemctl.protocol import UsageError
 
+from ...backends.slabs import Slot
 from ..nodes import Allocation, Directory, Node, walk
 from ..permissions import Credentials, R, X, allowed, require
 
@@ -39,10 +40,12 @@ class TreeReports:
         }
 
     def bytes_held_per_device(self) -> dict[str, int]:
-        """Device UUID -> the bytes our allocations (memory and parity) hold on it."""
+        """Device UUID -> the bytes our allocations of memory of their own (memory and
+        parity) hold on it; the slabs' are the packing layer's (PackedBackend.pool)."""
         ours: dict[str, int] = {}
         for alloc in self.ns.allocations():
-            if alloc.buffer is not None and alloc.device is not None:
+            if alloc.buffer is not None and alloc.device is not None and \
+                    not isinstance(alloc.buffer, Slot):
                 parity = alloc.parity.capacity if alloc.parity is not None else 0
                 ours[alloc.device] = ours.get(alloc.device, 0) + (alloc.capacity or 0) + parity
         return ours
