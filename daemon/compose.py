@@ -121,7 +121,7 @@ def build_verbs(c: Core, config: Config) -> Verbs:
                             c.holders, c.sizing, c.lifecycle, c.refills,
                             fds_to_readers=config.fds_to_readers),
         refill=RefillVerbs(c.registry, c.journal, c.ns, c.backend, c.custody, c.integrity,
-                           c.holders, c.creation, c.refills, c.meta_bounds),
+                           c.holders, c.creation, c.refills, c.meta_bounds, c.sizing),
         records=SnapshotRecords(c.registry, c.journal, c.ns),
         metadata=MetadataVerbs(c.journal, c.ns, c.meta_bounds),
         queries=Queries(c.ns),

@@ -60,13 +60,6 @@ class PackedBackend(Backend):
     def in_slab(buf) -> bool:
         return isinstance(buf, Slot)
 
-    @staticmethod
-    def region(buf) -> tuple[int, int] | None:
-        """(offset, bytes of the exported memory) of a slot; None for memory of its own."""
-        if isinstance(buf, Slot):
-            return buf.offset, buf.slab.capacity
-        return None
-
     # ---- the Backend interface, translated for slots ----------------------------------------
     def allocate(self, capacity: int, device: str, label: str) -> Buffer:
         return self.raw.allocate(capacity, device, label)

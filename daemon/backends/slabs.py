@@ -121,6 +121,14 @@ class SlotParity(Buffer):
     blocks: int = 0
 
 
+def region(buf) -> dict | None:
+    """What an open, attach or refill answer says of a slot's fd (its slab's): where the
+    allocation lies in it, {offset, span}; None for memory of its own."""
+    if isinstance(buf, Slot):
+        return {"offset": buf.offset, "span": buf.slab.capacity}
+    return None
+
+
 def placement(buf) -> dict:
     """The registry's `slab` and `slot` columns for an allocation's memory `buf`."""
     if isinstance(buf, Slot):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from gpumemctl.protocol import GpumemError, PermissionDenied, UsageError
 
 from ..backends.packed import PackedBackend
+from ..backends.slabs import region
 from ..core.custody import Custody
 from ..core.describe import describe
 from ..core.holders import ATTACH_KINDS, HANDLE_KINDS, MOUNT_KINDS, Holders
@@ -165,9 +166,9 @@ class HandleVerbs:
     def _with_region(self, info: NodeInfo, alloc: Allocation) -> NodeInfo:
         """The reply's info, with `region` ({offset, span}: where the allocation lies in
         the memory the fd holds) when the fd is its slab's."""
-        region = self.backend.region(alloc.buffer)
-        if region is not None:
-            info["region"] = {"offset": region[0], "span": region[1]}  # type: ignore[typeddict-unknown-key]
+        where = region(alloc.buffer)
+        if where is not None:
+            info["region"] = where  # type: ignore[typeddict-unknown-key]
         return info
 
     def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,

@@ -20,6 +20,7 @@ import time
 from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError, round_up
 
 from ..backends import Backend
+from ..backends.slabs import region
 from ..core import usermeta
 from ..core.creation import Creation, NewAllocation, Request
 from ..core.custody import Custody
@@ -32,13 +33,16 @@ from ..core.nodes import Allocation
 from ..core.permissions import Credentials, R, W, administrative_uid, require
 from ..core.refills import Refill, Refills
 from ..core.sessions import Session
+from ..core.sizing import Sizing
 from ..registry import Registry
 
 
 class RefillVerbs:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
                  backend: Backend, custody: Custody, integrity: Integrity, holders: Holders,
-                 creation: Creation, refills: Refills, meta_bounds: usermeta.Bounds):
+                 creation: Creation, refills: Refills, meta_bounds: usermeta.Bounds,
+                 sizing: Sizing):
+        self.sizing = sizing
         self.registry = registry
         self.journal = journal
         self.ns = namespace
@@ -72,6 +76,8 @@ class RefillVerbs:
             new, entries = self._check_new(path, cred, request), None
         else:
             self._require_refillable(found, cred, size, force, durable)
+            if not self.sizing.shares_slab_with(found, cred.uid):
+                self.sizing.own_memory(found)     # never another owner's slab's fd
             if entries is not None:
                 self.meta_bounds.check(found.path, found.uid, found.metadata_bytes,
                                        usermeta.size_of(entries))
@@ -102,7 +108,10 @@ class RefillVerbs:
             self.custody.withdraw_quietly(alloc.id)
         self.integrity.changed_all(alloc)
         self.journal.node_changed(alloc)
-        return holder, fd, describe(alloc)
+        info = describe(alloc)
+        if (where := region(alloc.buffer)) is not None:   # a slot: the client maps its place
+            info["region"] = where  # type: ignore[typeddict-unknown-key]
+        return holder, fd, info
 
     def _check_new(self, path: str, cred: Credentials, request: Request) -> NewAllocation:
         """A missing name: where its allocation goes (Creation.check)."""
