@@ -70,7 +70,7 @@ class Config:
     mountpoint: str | None = None     # absolute link targets under it are followed
     metadata_max_bytes: int = usermeta.DEFAULT_MAX_BYTES        # daemon/core/usermeta.py
     metadata_user_max_bytes: int = usermeta.DEFAULT_USER_MAX_BYTES
-    slabs: bool = False               # config `slabs`: small allocations packed (storage.md)
+    slabs: bool = True                # config `slabs`: small allocations packed (storage.md)
 
 
 def build(registry: Registry, backend: Backend, keeper: Any,

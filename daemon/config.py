@@ -288,10 +288,11 @@ KEYS: tuple[Key, ...] = (
     Key("metadata_user_max_bytes", "size", "64M",
         "user metadata all of one uid's allocations and directories may hold together; root "
         "and the daemon's own uid are not limited by it", _size(zero_ok=True)),
-    Key("slabs", "boolean", "false",
+    Key("slabs", "boolean", "true",
         "pack allocations of up to half a granule into slabs of their owner's (issue 26, "
-        "docs/storage.md): a 4 KiB file then takes 4 KiB and no descriptor of its own; "
-        "an fd of one (open, attach, dma-buf) first moves it into memory of its own", _bool),
+        "docs/storage.md): a 4 KiB file takes 4 KiB and no descriptor of its own; false: "
+        "every allocation has memory of its own, whole granules, as before", _bool,
+        "--slabs"),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -448,7 +449,7 @@ def apply(args, config: Config) -> None:
                                     if config.metadata_user_max_bytes is None
                                     else config.metadata_user_max_bytes)
     args.snapshot_dir = config.snapshot_dir
-    args.slabs = bool(config.slabs)
+    args.slabs = args.slabs in (True, "on") if args.slabs is not None else True
     args.snapshot_on_stop = bool(config.snapshot_on_stop)
     args.restore_on_start = bool(config.restore_on_start)
     if (args.snapshot_on_stop or args.restore_on_start) and not args.snapshot_dir:

@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow `gpumemctl debug corrupt` (root or this user; tests, drills)")
     p.add_argument("--host-capacity", default=None, metavar="SIZE",
                    help="bytes the host backend may hand out (default: half of RAM)")
+    p.add_argument("--slabs", choices=("on", "off"), default=None,
+                   help="pack small allocations in slabs (default on; docs/storage.md)")
     p.add_argument("--log-level", default=None,
                    choices=("debug", "info", "warning", "error"),
                    help="least severe to log (default info)")

@@ -462,7 +462,7 @@ CONF_EXAMPLE = [
     "restore_on_start = true          # what a reboot lost comes back from the newest one",
     'metadata_max_bytes = "512K"      # user metadata of one allocation or directory',
     'metadata_user_max_bytes = "64M"  # user metadata of all of one user\'s, together',
-    "slabs = true                     # small allocations packed (docs/storage.md)",
+    "slabs = true                     # small allocations packed (the default; docs/storage.md)",
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",
     '1000 = "16G"                     # a uid, written as a key',

@@ -36,11 +36,19 @@ def error_excerpt(log: str) -> str:
     return around + "\n[...]\n" + log[-2000:]
 
 
+SLABS_OFF = ["--slabs", "off"]
+
+
 @pytest.fixture
-def daemon_factory():
+def daemon_factory(request):
     made: list[Daemon] = []
+    # A test marked slabs_off asserts the layout of memory of its own per allocation
+    # (a granule each, a keeper deposit each): its daemons run with --slabs off.
+    slabs_off = request.node.get_closest_marker("slabs_off") is not None
 
     def make(start: bool = True, **kw) -> Daemon:
+        if slabs_off:
+            kw["extra_args"] = [*kw.get("extra_args", ()), *SLABS_OFF]
         d = Daemon(make_base_dir(), **kw)
         made.append(d)
         return d.start() if start else d

@@ -152,7 +152,7 @@ class Creation:
         except BaseException:     # the undo log took back the tree and any deposit
             if prepared is not None:
                 self.custody.withdraw_quietly(prepared.alloc.id)
-            self.backend.free(buf)
+            self.custody.free_memory(buf)
             freed = alloc if alloc is not None else prepared.alloc if prepared else None
             if freed is not None:
                 self.integrity.release(freed)

@@ -207,6 +207,13 @@ class Custody:
         if isinstance(buf, Slot):
             self.slabs.emptied(buf.slab)
 
+    def free_memory(self, buf) -> None:
+        """Free memory no allocation holds any more (a resize's old memory, a failed
+        create's new one); a slab it empties goes after the open change."""
+        self.backend.free(buf)
+        if isinstance(buf, Slot):
+            self.slabs.emptied(buf.slab)
+
     def stage(self, key: int, buf, capacity: int, device: str) -> None:
         """Deposit a resize's new memory under the staging key -id (reallocate)."""
         self.send(Deposit(key, "keep the resized memory", self.backend.keeper_fds(buf),
@@ -293,7 +300,7 @@ class Custody:
             if staged:
                 with contextlib.suppress(KeeperGone):
                     self.keeper.withdraw(-alloc.id)
-            self.backend.free(new)
+            self.free_memory(new)
             raise
         if kept:
             try:
@@ -304,7 +311,7 @@ class Custody:
                     self.keeper.withdraw(alloc.id)     # now in a slot: the slab is kept
             except (KeeperGone, InternalError) as exc:   # Adoption.redeposit_all repairs
                 log.warning("keeper update after resizing '%s' failed: %s", alloc.path, exc)
-        self.backend.free(old)
+        self.free_memory(old)
 
     def _resize_in_place(self, alloc: Allocation, dev, size: int,
                          capacity: int, commit: Callable[[], None]) -> bool:

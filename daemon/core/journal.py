@@ -46,6 +46,7 @@ class Journal:
         self._pending_nodes: list[Any] = []     # nodes of those events, for node_changed
         # How to take back each in-memory change of the open transaction, newest last.
         self._undo_log: list[Callable[[], None]] = []
+        self._after_commit: list[Callable[[], None]] = []   # on_commit's steps
 
     # ---- the unit of work ---------------------------------------------------------------
     @property
@@ -68,6 +69,7 @@ class Journal:
             if outer:
                 self._pending_events.clear()
                 self._pending_nodes.clear()
+                self._after_commit.clear()
                 self._roll_back_memory()
                 if isinstance(exc, sqlite3.Error):
                     raise self._registry_failed(exc) from exc
@@ -80,6 +82,17 @@ class Journal:
                 self._publish(event)
             for node in nodes:          # after the events: a monitor reads them first
                 self._notify_changed(node)
+            after, self._after_commit = self._after_commit, []
+            for step in after:
+                step()
+
+    def on_commit(self, step: Callable[[], None]) -> None:
+        """Run `step` once the open change has committed (now, if none is open); never if
+        it rolls back."""
+        if not self.in_change:
+            step()
+        elif step not in self._after_commit:
+            self._after_commit.append(step)
 
     def on_rollback(self, step: Callable[[], None]) -> None:
         """Register how to take back an in-memory change made inside a change()."""

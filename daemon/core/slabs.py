@@ -92,20 +92,15 @@ class Slabs:
         self.backend.pool.retire_slab(slab)
 
     def emptied(self, slab: Slab) -> None:
-        """A slot of `slab` was given back: an empty slab goes now (sweep), unless a change
-        is open (its rollback could need the slot again: the next sweep takes it)."""
-        if not slab.used and not self.journal.in_change:
-            self.sweep()
+        """A slot of `slab` was given back: an empty slab goes (sweep) once the open change,
+        if any, has committed (its rollback could need the slot again)."""
+        if not slab.used:
+            self.journal.on_commit(self.sweep)
 
     def sweep(self) -> int:
-        """Free the slabs no allocation uses, but the last of each kind (it is reused
-        first). Returns how many went."""
-        empty = [s for s in list(self.backend.pool.slabs.values()) if not s.used]
-        last: dict[tuple, Slab] = {}
-        for slab in self.backend.pool.slabs.values():
-            if slab.key not in last or slab.id > last[slab.key].id:
-                last[slab.key] = slab
-        gone = [s for s in empty if last.get(s.key) is not s]
+        """Free the slabs no allocation uses (removing everything gives every byte back, as
+        it did before slabs). Returns how many went."""
+        gone = [s for s in list(self.backend.pool.slabs.values()) if not s.used]
         if not gone:
             return 0
         with self.journal.change(durable=True):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.harness import ROOT, child_env, wait_for
 from tests.sizes import with_parity
 
@@ -176,6 +178,7 @@ def test_second_daemon_on_same_state_dir_or_socket_is_refused(daemon, daemon_fac
     daemon.cli("ls", check=True)
 
 
+@pytest.mark.slabs_off
 def test_keeper_socket_removed_under_a_live_daemon(daemon):
     """Someone removes the keeper's socket (root's `rm`: the state directory is the
     daemon's alone, tests/security/test_paths.py): the keeper binds it again and goes on

@@ -92,6 +92,7 @@ def test_backend_cuda_refuses_to_start_without_a_usable_device(fake_lib, tmp_pat
 
 
 # ---- devices, create, out of memory -------------------------------------------------------------
+@pytest.mark.slabs_off
 def test_devices_report_the_driver_granularity_and_uuids(cuda_daemon):
     devs = cli_json(cuda_daemon, "devices")
     assert [(d["index"], d["uuid"], d["granularity"], d["backend"]) for d in devs] == \

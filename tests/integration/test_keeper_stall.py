@@ -10,8 +10,12 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from daemon.keeper.link import CALL_TIMEOUT
 from tests.harness import child_env, script_argv, wait_for
+
+pytestmark = pytest.mark.slabs_off   # per-allocation keeper deposits and descriptors
 
 BUSY = 9
 

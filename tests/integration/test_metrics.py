@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.slabs_off   # per-allocation keeper deposits and descriptors
 
 MiB = 1 << 20
 

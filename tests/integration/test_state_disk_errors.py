@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from tests.harness import fill_filesystem, wait_for
 
 NO_SPACE, BUSY = 7, 9
@@ -56,6 +58,7 @@ def test_creates_on_a_full_state_disk_say_no_space_with_exit_7(small_state_disk)
     assert d.cli("check").returncode == 0
 
 
+@pytest.mark.slabs_off
 def test_a_durable_create_meeting_a_stopped_keeper_names_the_allocation(daemon):
     keeper = daemon.keeper_pid()
     os.kill(keeper, signal.SIGSTOP)

@@ -62,7 +62,8 @@ class AllocationLifecycle(RuleBasedStateMachine):
         # short without starving the other rules (Hypothesis' mutator likes to repeat them).
         self.restarts_left = MAX_RESTARTS
         # the real thing
-        self.daemon = Daemon(make_base_dir())
+        # --slabs off: the model asserts capacities of whole granules (memory of its own).
+        self.daemon = Daemon(make_base_dir(), extra_args=["--slabs", "off"])
         self.client = None
         try:
             self.daemon.start()

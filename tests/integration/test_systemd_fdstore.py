@@ -26,6 +26,8 @@ import pytest
 
 from tests.harness import child_env, script_argv, wait_for
 
+pytestmark = pytest.mark.slabs_off   # per-allocation keeper deposits and descriptors
+
 MiB = 1 << 20
 GRANULARITY = 2 * MiB
 

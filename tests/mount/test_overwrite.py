@@ -58,6 +58,7 @@ def test_cp_over_a_longer_file(mounted, tmp_path):
     assert_times_moved(f, before)
 
 
+@pytest.mark.slabs_off
 def test_dd_replaces_and_the_memory_shrinks(mounted):
     f = os.path.join(mounted.mnt, "f")
     before = write_old(f, pattern(4 * MiB))

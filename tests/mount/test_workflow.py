@@ -28,6 +28,7 @@ def sh(cwd: str, command: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slabs_off
 def test_readme_workflow(mounted):
     mnt = mounted.mnt
     assert sh(mnt, "touch f") == ""

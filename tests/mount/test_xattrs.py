@@ -16,6 +16,7 @@ def get(path: str, name: str) -> str:
     return os.getxattr(path, name).decode()
 
 
+@pytest.mark.slabs_off
 def test_size_allocates_then_resizes(mounted):
     f = os.path.join(mounted.mnt, "f")
     os.close(os.open(f, os.O_CREAT | os.O_WRONLY))

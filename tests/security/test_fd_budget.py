@@ -22,7 +22,8 @@ from gpumemctl.protocol import GpumemError
 from tests.harness import wait_for
 from tests.users import run_as
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root"),
+              pytest.mark.slabs_off]
 NO_MEMORY = 7
 
 

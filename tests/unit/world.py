@@ -8,7 +8,7 @@ import dataclasses
 import os
 
 from daemon.backends.host import HostBackend
-from daemon.compose import build, start
+from daemon.compose import Config, build, start
 from daemon.core.permissions import Credentials
 from daemon.registry import Registry
 from daemon.verbs.plan import KeeperWork, ParityWork
@@ -24,8 +24,11 @@ class Parts:
     Verbs, also as `m.verbs`) and the layers under them (`m.backend`, `m.keeper`, `m.ns`,
     `m.registry`, ...: the Core, also as `m.core`), as build() composed them."""
 
-    def __init__(self, registry: Registry, backend: HostBackend, keeper: InProcessKeeper):
-        self.core, self.verbs = build(registry, backend, keeper)
+    def __init__(self, registry: Registry, backend: HostBackend, keeper: InProcessKeeper,
+                 slabs: bool = False):
+        # Slabs off by default: the unit tier's scenarios were written for memory of its own
+        # per allocation (a granule, a keeper deposit each); World(slabs=True) packs.
+        self.core, self.verbs = build(registry, backend, keeper, Config(slabs=slabs))
         for part in (self.core, self.verbs):
             for field in dataclasses.fields(part):
                 setattr(self, field.name, getattr(part, field.name))
@@ -35,16 +38,17 @@ class World:
     """A daemon's parts and everything under them; `crash()` builds fresh ones on the same
     state, as a daemon killed and started again does (the keeper's holdings live on)."""
 
-    def __init__(self, tmp_path, limit=256 * MiB):
+    def __init__(self, tmp_path, limit=256 * MiB, slabs: bool = False):
         self.dir = str(tmp_path)
         self.limit = limit
+        self.slabs = slabs
         self.kept = KeptFds()            # the keeper "process": outlives every daemon
         self.parts: list[Parts] = []
         self.m = self._new()
 
     def _new(self) -> Parts:
         m = Parts(Registry(os.path.join(self.dir, "registry.sqlite")),
-                  HostBackend(limit=self.limit), InProcessKeeper(self.kept))
+                  HostBackend(limit=self.limit), InProcessKeeper(self.kept), self.slabs)
         self.summary = start(m.verbs)
         self.parts.append(m)
         return m
