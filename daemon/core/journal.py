@@ -46,7 +46,7 @@ class Journal:
         self._pending_nodes: list[Any] = []     # nodes of those events, for node_changed
         # How to take back each in-memory change of the open transaction, newest last.
         self._undo_log: list[Callable[[], None]] = []
-        self._after_commit: list[Callable[[], None]] = []   # on_commit's steps
+        self._after_commit: list[Callable[[], object]] = []   # on_commit's steps
 
     # ---- the unit of work ---------------------------------------------------------------
     @property
@@ -86,7 +86,7 @@ class Journal:
             for step in after:
                 step()
 
-    def on_commit(self, step: Callable[[], None]) -> None:
+    def on_commit(self, step: Callable[[], object]) -> None:
         """Run `step` once the open change has committed (now, if none is open); never if
         it rolls back."""
         if not self.in_change:
