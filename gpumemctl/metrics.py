@@ -176,6 +176,16 @@ NVML = (
 )
 
 
+# A device's slabs (issue 26, docs/storage.md): slack is slab bytes minus used bytes.
+SLAB_GAUGES = (
+    ("count", "gpumemd_slabs", "slabs holding small allocations on the device"),
+    ("bytes", "gpumemd_slab_bytes", "bytes of the device's slabs (data)"),
+    ("parity_bytes", "gpumemd_slab_parity_bytes", "bytes of the parity of the device's slabs"),
+    ("used_bytes", "gpumemd_slab_used_bytes", "bytes of the slabs' slots that allocations use"),
+    ("objects", "gpumemd_slab_objects", "small allocations in the device's slabs"),
+)
+
+
 def _device(r: Registry, dev: Device) -> None:
     labels = {"device": str(dev.get("uuid", "")), "index": str(dev.get("index", ""))}
     r.gauge("gpumemd_device_memory_total_bytes", "device memory (the backend's view)",
@@ -184,6 +194,10 @@ def _device(r: Registry, dev: Device) -> None:
             dev.get("free"), **labels)
     r.gauge("gpumemd_device_memory_ours_bytes", "device memory gpumemd's allocations hold, "
             "parity included", dev.get("ours"), **labels)
+    slabs: dict = dict(dev.get("slabs") or {})
+    for key, name, help_ in SLAB_GAUGES:
+        if isinstance(slabs.get(key), int):
+            r.gauge(name, help_, slabs[key], **labels)
     for field, name, type_, help_, scale in NVML:
         value = dev.get(field)
         if not isinstance(value, int | float):      # None (NVML cannot say), or text

@@ -225,6 +225,20 @@ class SlabPool:
             out[s.device] = out.get(s.device, 0) + s.capacity + parity
         return out
 
+    def use_per_device(self) -> dict[str, dict]:
+        """Device UUID -> its slabs: how many, their bytes and their parity's, the bytes of
+        their used slots, and the objects in them (status, metrics: slack is bytes - used)."""
+        out: dict[str, dict] = {}
+        for s in self.slabs.values():
+            use = out.setdefault(s.device, {"count": 0, "bytes": 0, "parity_bytes": 0,
+                                            "used_bytes": 0, "objects": 0})
+            use["count"] += 1
+            use["bytes"] += s.capacity
+            use["parity_bytes"] += s.parity.capacity if s.parity is not None else 0
+            use["used_bytes"] += len(s.used) * s.slot
+            use["objects"] += len(s.used)
+        return out
+
     def slab_fds(self, uid: int | None = None) -> int:
         """Descriptors the slabs (of `uid`; None: all) hold in gpumemd: data and parity."""
         return sum(1 + (s.parity is not None) for s in self.slabs.values()

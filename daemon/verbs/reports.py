@@ -43,6 +43,10 @@ class Reports:
             ours[device] = ours.get(device, 0) + nbytes
         return ours
 
+    def slabs_per_device(self) -> dict[str, dict]:
+        """Device UUID -> its slabs' use (PackedBackend.pool.use_per_device)."""
+        return self.backend.pool.use_per_device()
+
     def totals(self) -> dict:
         return self.ns.reports.totals(sessions=len(self.holders.sessions))
 

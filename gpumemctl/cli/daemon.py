@@ -40,6 +40,12 @@ def status(json_: bool = False):
         output.data(f"device {dev['index']}: {dev['name']} {dev['uuid']}: "
                     f"{format_size(dev['ours'])} ours, {format_size(dev['free'])} free of "
                     f"{format_size(dev['total'])}; {telemetry_summary(dev)}")
+        slabs = dev.get("slabs") or {}
+        if slabs.get("count"):
+            output.data(f"  slabs: {slabs['count']} holding {slabs['objects']} small "
+                        f"allocations, {format_size(slabs['used_bytes'])} used of "
+                        f"{format_size(slabs['bytes'])} (+ {format_size(slabs['parity_bytes'])}"
+                        " parity)")
     states = ", ".join(f"{n} {st}" for st, n in sorted(t["by_state"].items())) or "none"
     output.data(f"totals:   {t['allocations']} allocations ({states}), {t['durable']} durable, "
                 f"{format_size(t['size'])} in use, {t['sessions']} sessions")

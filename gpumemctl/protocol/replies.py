@@ -113,6 +113,16 @@ class KeeperInfo(TypedDict, total=False):
     error: str
 
 
+class SlabUse(TypedDict):
+    """A device's slabs: how many, their bytes, their parity's, the bytes of the slots in
+    use and the small allocations in them (slack: bytes - used_bytes)."""
+    count: int
+    bytes: int
+    parity_bytes: int
+    used_bytes: int
+    objects: int
+
+
 class Device(TypedDict):
     """A device of the backend with NVML telemetry (docs/telemetry.md): each telemetry field
     is null where NVML cannot say, and `telemetry` is "nvml" or "unavailable: REASON"."""
@@ -124,6 +134,7 @@ class Device(TypedDict):
     granularity: int
     backend: str
     ours: int                       # bytes our allocations (and parity) hold on it
+    slabs: SlabUse                  # its slabs (issue 26, docs/storage.md)
     telemetry: str
     nvml_index: int | None
     memory_total: int | None

@@ -75,6 +75,12 @@ def test_transient_objects_are_dropped_and_their_slots_reused(packed):
         d.cli("create", f"t{i}", "--size", "8K", check=True)
     d.cli("create", "keep", "--size", "8K", "--durable", check=True)
     d.cli("write", "keep", "-", input=b"k" * 8192, check=True)
+    slabs = d.cli_json("status")["devices"][0]["slabs"]
+    assert (slabs["count"], slabs["objects"], slabs["used_bytes"]) == (1, 51, 51 * 8192)
+    assert "slabs: 1 holding 51 small allocations" in d.cli("status", check=True).stdout.decode()
+    metrics = d.cli("metrics", check=True).stdout.decode()
+    assert any(line.startswith("gpumemd_slab_objects{") and line.endswith(" 51")
+               for line in metrics.splitlines())
     d.kill9()
     d.start()
     assert [i["path"] for i in d.cli_json("ls")] == ["keep"]
