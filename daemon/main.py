@@ -39,7 +39,7 @@ from .paths import UnsafePath
 from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
 from .server import VERSION, Server
 from .server.transport import PRIVILEGED_EXTRA, ConnectionLimits
-from .services import autosnap
+from .services import autosnap, housekeeping
 from .services.scrub import Scrubber
 from .verbs import Verbs
 from .verbs.checks import Checks
@@ -211,25 +211,6 @@ async def resume_stalled_keeper(service: ServiceVerbs, keeper) -> None:
                     "allocation(s) re-deposited", withdrawn, redeposited)
 
 
-CHECKPOINT_POLL_SECONDS = 0.1
-
-
-async def checkpoint_registry(registry: Registry) -> None:
-    """Keep the registry's WAL bounded: fold it into the database, and truncate it when it
-    passes its limit or the daemon goes idle (Registry.checkpoint_due), on a worker thread.
-    Only the TRUNCATE's last step holds up the daemon's writes (Registry.checkpoint)."""
-    while True:
-        await trio.sleep(CHECKPOINT_POLL_SECONDS)
-        mode = registry.checkpoint_due(time.monotonic())
-        if mode is None:
-            continue
-        try:
-            await trio.to_thread.run_sync(registry.checkpoint, mode)
-        except Exception as exc:  # noqa: BLE001 - retried next time; the WAL stays valid
-            log.warning("registry checkpoint (%s) failed: %s", mode, exc)
-            await trio.sleep(1)
-
-
 class GroupCommit:
     """Commits the registry's batch of transient changes GROUP_COMMIT_SECONDS after the
     first of them (Registry.transaction explains group commit).
@@ -316,7 +297,8 @@ async def run_daemon(verbs: Verbs, server: Server, mount: Mount | None, *,
                                functools.partial(resume_stalled_keeper, verbs.service,
                                                  keeper))
             nursery.start_soon(background, "registry checkpoint",
-                               functools.partial(checkpoint_registry, registry))
+                               functools.partial(housekeeping.run, registry,
+                                                 verbs.service.sweep_slabs))
             if log_lines is not None:
                 nursery.start_soon(background, "log summaries",
                                    functools.partial(summarise_every_minute, log_lines))

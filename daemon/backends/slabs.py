@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 from ..ecc.layout import BLOCK
 from .base import Buffer
@@ -51,6 +52,7 @@ class Slab:
     free_slots: list[int] = dataclasses.field(default_factory=list)   # offsets, a stack
     used: dict[int, Slot] = dataclasses.field(default_factory=dict)     # offset -> slot
     retired: bool = False            # its row is gone: freed with its last used slot
+    emptied_at: float | None = None  # time.monotonic() its last slot was given back
     # Held around every codec run on the slab: a slot below a block shares the block's
     # parity with its neighbours, whose parity jobs may run on other worker threads.
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False)
@@ -79,12 +81,15 @@ class Slab:
             self.free_slots.remove(offset)
         slot = Slot(slab=self, offset=offset, capacity=self.slot, device=self.device)
         self.used[offset] = slot
+        self.emptied_at = None
         return slot
 
     def give_back(self, slot: Slot) -> None:
         if self.used.get(slot.offset) is slot:
             del self.used[slot.offset]
             self.free_slots.append(slot.offset)
+            if not self.used:
+                self.emptied_at = time.monotonic()
 
     def fits(self, offset: int) -> bool:
         """Whether `offset` is a slot's place in this slab (a registry row's check)."""

@@ -28,7 +28,7 @@ from .nodes import WRITER_KINDS, Allocation, Directory
 from .orphans import POLICIES, OrphansHeld, capacity_of, classify, entry_name, held
 from .parity import Parity
 from .permissions import DAEMON, Credentials
-from .slabs import is_slab_key
+from .slabs import SLAB_KEY_BASE, is_slab_key
 
 log = logging.getLogger("gpumemd")
 
@@ -61,10 +61,8 @@ class Adoption:
         self.keeper.ensure_running()
         kept = self.keeper.fetch_all()
         metas = self.keeper.entries()
-        slabs_lost = self.custody.slabs.adopt_all(kept)     # the slab keys leave `kept`
-        if metas is not None:
-            metas = {k: m for k, m in metas.items() if not is_slab_key(k)}
         strays = self.take_strays(kept, metas, orphans)
+        slabs_lost = self.custody.slabs.adopt_all(kept)     # the slab keys leave `kept`
         summary = {"adopted": 0, "lost": 0, "orphans_freed": 0, "orphans_adopted": 0,
                    "transients_dropped": 0}
         damage = self.registry.damaged.load()
@@ -73,8 +71,9 @@ class Adoption:
             interrupted = [r for r in self.registry.holders.load()
                            if r["kind"] in WRITER_KINDS]
             self.registry.holders.clear()
-            if kept or strays:      # no new id may alias a key the keeper holds
-                self.ns.ids.reserve_up_to(max(abs(k) for k in [*kept, *strays]))
+            node_keys = [abs(k) for k in [*kept, *strays] if not is_slab_key(k)]
+            if node_keys:           # no new id may alias a key the keeper holds
+                self.ns.ids.reserve_up_to(max(node_keys))
             self._adopt_listed(kept, summary, slabs_lost)
             for key, fds in kept.items():
                 self.free_orphan(key, fds)
@@ -127,7 +126,7 @@ class Adoption:
                 summary["transients_dropped"] += 1
             elif alloc.capacity is None:
                 continue  # durable but pending: there is no memory to adopt
-            elif alloc.id in placed:
+            elif alloc.id in placed and alloc.state != "lost":   # a lost one has no slot
                 adopted = self._adopt_slot(alloc, *placed[alloc.id], slabs_lost)
                 summary["adopted" if adopted else "lost"] += 1
             elif alloc.id in kept or -alloc.id in kept:
@@ -146,8 +145,19 @@ class Adoption:
         if orphans not in POLICIES:
             raise ValueError(f"unknown orphans policy {orphans!r}")
         listed = {a.id for a in self.ns.allocations()}
-        foreign, why = classify(kept, metas, listed, self.registry.identity.instance,
+        foreign, why = classify({k: v for k, v in kept.items() if not is_slab_key(k)}, metas,
+                                listed, self.registry.identity.instance,
                                 self.registry.created, self.registry.identity.last_node_id())
+        # Slabs the same way, in their own id space (the slabs table's AUTOINCREMENT).
+        slab_rows = {SLAB_KEY_BASE + i for i in self.registry.slabs.ids()}
+        slab_foreign, slab_why = classify(
+            {k - SLAB_KEY_BASE: v for k, v in kept.items() if is_slab_key(k)},
+            {k - SLAB_KEY_BASE: m for k, m in (metas or {}).items() if is_slab_key(k)}
+            if metas is not None else None,
+            {k - SLAB_KEY_BASE for k in slab_rows}, self.registry.identity.instance,
+            self.registry.created, self.registry.slabs.last_id())
+        foreign |= {SLAB_KEY_BASE + i for i in slab_foreign}
+        why = "; ".join(dict.fromkeys(w for w in (why, slab_why) if w))
         if foreign and orphans == "refuse":
             count, nbytes = held(kept, metas, foreign)
             for fds in kept.values():
@@ -155,7 +165,8 @@ class Adoption:
                     os.close(fd)
             raise OrphansHeld(count, nbytes, self.registry.path, why)
         if orphans != "refuse":
-            foreign |= {k for k in kept if abs(k) not in listed}
+            foreign |= {k for k in kept if (k not in slab_rows if is_slab_key(k)
+                                            else abs(k) not in listed)}
         if foreign:
             log.warning("the keeper holds %d entr%s that registry %s does not list (%s); "
                         "%s them as told", len(foreign), "y" if len(foreign) == 1 else "ies",
@@ -223,6 +234,7 @@ class Adoption:
         if alloc.state in ("lost", "pending"):
             alloc.state = "ready"
             self.registry.nodes.update(alloc.id, state="ready")
+        self.journal.event("adopt", alloc, None, capacity=alloc.capacity)
         return True
 
     def _adopt_parity(self, alloc: Allocation, fds: list[int]) -> None:
@@ -244,7 +256,7 @@ class Adoption:
     def _mark_lost(self, alloc: Allocation, reason: str) -> None:
         alloc.state = "lost"
         alloc.buffer = None
-        self.registry.nodes.update(alloc.id, state="lost")
+        self.registry.nodes.update(alloc.id, state="lost", slab=None, slot=None)
         self.journal.event("lost", alloc, None, reason=reason)
         log.warning("allocation '%s' (id %d) is lost: %s", alloc.path, alloc.id, reason)
 
@@ -317,17 +329,20 @@ class Adoption:
         hold exactly the durable allocations: withdraw every other key, then hand it every
         durable allocation again. Returns (withdrawn, redeposited)."""
         durable = {a.id for a in self.ns.allocations() if a.kept}
+        durable |= self.custody.slabs.keys()
         extra = [key for key in self.keeper.keys() if key not in durable]
         for key in extra:
             self.keeper.withdraw(key)
         return len(extra), self.redeposit_all(action="resumed")
 
     def redeposit_all(self, action: str = "restarted") -> int:
-        """After a keeper restart (or stall): hand it every durable allocation's fds again."""
+        """After a keeper restart (or stall): hand it every slab and every durable
+        allocation of memory of its own again (a count of the allocations)."""
+        self.custody.slabs.redeposit_all()
         count = 0
         for alloc in self.ns.allocations():
             if alloc.kept:
-                self.custody.deposit(alloc)
+                self.custody.deposit(alloc)      # nothing for a slot: its slab went above
                 count += 1
         with self.journal.change(durable=False):
             self.journal.event("keeper", None, None, action=action, redeposited=count)

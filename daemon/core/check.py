@@ -194,7 +194,8 @@ class Checker:
         for slab_id in sorted(slabs):
             if kept is not None and SLAB_KEY_BASE + slab_id not in kept:
                 self._problem("slabs", f"the keeper does not hold slab {slab_id}: a daemon "
-                              "crash now would lose its durable allocations")
+                              "crash now would lose its durable allocations",
+                              self.custody.slabs.redeposit_all)
         placed = self.registry.slabs.placements()
         for alloc in self.ns.allocations():
             buf = alloc.buffer

@@ -204,15 +204,11 @@ class Custody:
                 self.backend.free(buf)
                 alloc.buffer = None
             self.parity.free(alloc)
-        if isinstance(buf, Slot):
-            self.slabs.emptied(buf.slab)
 
     def free_memory(self, buf) -> None:
         """Free memory no allocation holds any more (a resize's old memory, a failed
-        create's new one); a slab it empties goes after the open change."""
+        create's new one); a slab it empties goes at a sweep (Slabs.sweep)."""
         self.backend.free(buf)
-        if isinstance(buf, Slot):
-            self.slabs.emptied(buf.slab)
 
     def stage(self, key: int, buf, capacity: int, device: str) -> None:
         """Deposit a resize's new memory under the staging key -id (reallocate)."""

@@ -27,6 +27,8 @@ import os
 
 from gpumemctl.protocol import format_size
 
+from .slabs import SLAB_KEY_BASE
+
 ADOPT_FLAG = "--adopt-orphans"
 FREE_FLAG = "--free-orphans"
 POLICIES = ("refuse", "adopt", "free")
@@ -95,6 +97,9 @@ def held(kept: dict[int, list[int]], metas: dict[int, dict] | None,
 
 
 def entry_name(key: int) -> str:
-    """The name an orphan gets in the recovery directory: its old key ('12'), and for a
-    resize's staged copy '12.staged'."""
+    """The name an orphan gets in the recovery directory: its old key ('12'), for a
+    resize's staged copy '12.staged', and for a slab 'slab-3' (its bytes whole: which
+    allocation had which slot was in the registry, docs/storage.md)."""
+    if key >= SLAB_KEY_BASE:
+        return f"slab-{key - SLAB_KEY_BASE}"
     return str(key) if key > 0 else f"{-key}.staged"

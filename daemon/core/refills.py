@@ -132,7 +132,7 @@ class Refills:
             elif not refill.created:
                 self.journal.keep(alloc, "state")
                 alloc.state = "lost"
-                self.registry.nodes.update(alloc.id, state="lost")
+                self.registry.nodes.update(alloc.id, state="lost", slab=None, slot=None)
                 self.journal.event("lost", alloc, cred, reason="a restore from a snapshot "
                                    "did not complete")
             released = self._drop_holder(holder)

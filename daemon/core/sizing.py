@@ -113,9 +113,10 @@ class Sizing:
     def shares_slab_with(alloc: Allocation, uid: int) -> bool:
         """Whether `uid` may be given the descriptor of the slab `alloc` is in, mapping the
         allocation at its offset (docs/storage.md, "The export rule"): the slab's owner,
-        owning the allocation, asking for a slab (a client that maps regions)."""
+        owning the allocation; or root, who may read every user's memory anyway (a
+        restore of users' allocations by root fills them where they are)."""
         buf = alloc.buffer
-        return isinstance(buf, Slot) and buf.slab.uid == uid == alloc.uid
+        return isinstance(buf, Slot) and (uid == 0 or buf.slab.uid == uid == alloc.uid)
 
     def _protect_resized(self, alloc: Allocation, old_size: int, fresh: bool) -> None:
         if self.integrity.protect_resized(alloc, old_size, fresh) and alloc.durable \

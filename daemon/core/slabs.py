@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 
 from gpumemctl.protocol import GpumemError, InternalError
 
@@ -31,6 +32,7 @@ from .journal import Journal
 log = logging.getLogger("gpumemd")
 
 SLAB_KEY_BASE = 1 << 48          # keeper keys of slabs: past every node id
+IDLE_SECONDS = 1.0               # an emptied slab is freed after this long unused (sweep)
 
 
 def is_slab_key(key: int) -> bool:
@@ -44,10 +46,6 @@ class Slabs:
         self.backend = backend
         self.keeper = keeper
         self.require_fds = lambda uid, ecc: None       # gpumemd's fd budget (Custody sets it)
-        # Whether an emptied slab goes right after the change that emptied it (else at the
-        # next new slab or start): the journal fault tests turn it off to count a verb's own
-        # statements; the sweep's have a test of their own.
-        self.sweep_after_change = True
 
     # ---- a slot for a new small allocation ------------------------------------------------
     def place(self, uid: int, device: str, ecc: str, capacity: int) -> Slot:
@@ -55,7 +53,7 @@ class Slabs:
         slab when none has room."""
         slot = self.backend.pool.find_slot(uid, device, ecc, capacity)
         if slot is None:
-            self.sweep()
+            self.sweep(IDLE_SECONDS)
             slot = self._new_slab(uid, device, ecc, capacity).take()
         return slot
 
@@ -74,6 +72,24 @@ class Slabs:
         log.debug("slab %d made: uid %d, %d slots of %d bytes", slab.id, uid,
                   nbytes // slot, slot)
         return slab
+
+    def close(self) -> None:
+        """A clean stop: the daemon lets go of every slab's memory (its own descriptors);
+        the keeper keeps holding them, and the registry their rows."""
+        pool = self.backend.pool
+        for slab in list(pool.slabs.values()):
+            slab.used.clear()
+            pool.drop_slab(slab)
+
+    def keys(self) -> set[int]:
+        """The keeper keys of the slabs held now."""
+        return {SLAB_KEY_BASE + slab_id for slab_id in self.backend.pool.slabs}
+
+    def redeposit_all(self) -> int:
+        """After a keeper restart (or stall): every slab deposited again."""
+        for slab in list(self.backend.pool.slabs.values()):
+            self._deposit(slab)
+        return len(self.backend.pool.slabs)
 
     def _deposit(self, slab: Slab) -> None:
         fds = self.backend.raw.keeper_fds(slab.data)
@@ -95,16 +111,14 @@ class Slabs:
             self.keeper.withdraw(SLAB_KEY_BASE + slab.id)
         self.backend.pool.retire_slab(slab)
 
-    def emptied(self, slab: Slab) -> None:
-        """A slot of `slab` was given back: an empty slab goes (sweep) once the open change,
-        if any, has committed (its rollback could need the slot again)."""
-        if not slab.used and self.sweep_after_change:
-            self.journal.on_commit(self.sweep)
-
-    def sweep(self) -> int:
-        """Free the slabs no allocation uses (removing everything gives every byte back, as
-        it did before slabs). Returns how many went."""
-        gone = [s for s in list(self.backend.pool.slabs.values()) if not s.used]
+    def sweep(self, min_idle: float = 0.0) -> int:
+        """Free the slabs no allocation uses, those empty for `min_idle` seconds at least
+        (gpumemd sweeps every second with IDLE_SECONDS: a slab emptied and filled again at
+        once, a create and remove churning, keeps its memory meanwhile). Removing everything
+        gives every byte back within about two seconds. Returns how many went."""
+        now = time.monotonic()
+        gone = [s for s in list(self.backend.pool.slabs.values()) if not s.used and
+                (s.emptied_at is None or now - s.emptied_at >= min_idle)]
         if not gone:
             return 0
         try:
@@ -133,6 +147,10 @@ class Slabs:
                 self._adopt(row, fds)
             except Exception as exc:  # noqa: BLE001 - its allocations are lost, said below
                 missing[row["id"]] = f"its slab could not be re-adopted: {exc}"
+        if missing:       # their allocations are lost (placements cleared): the rows go
+            with self.journal.change(durable=True):
+                for slab_id in missing:
+                    self.registry.slabs.delete(slab_id)
         for slab_id, fds in held.items():
             for fd in fds:
                 os.close(fd)

@@ -20,6 +20,15 @@ class Slabs(Part):
     def load(self) -> list[dict]:
         return [dict(r) for r in self._db.execute("SELECT * FROM slabs ORDER BY id")]
 
+    def ids(self) -> set[int]:
+        return {r[0] for r in self._db.execute("SELECT id FROM slabs")}
+
+    def last_id(self) -> int:
+        """The largest slab id ever committed (AUTOINCREMENT's high-water mark)."""
+        found = self._db.execute(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'slabs'").fetchone()
+        return found[0] if found else 0
+
     def placements(self) -> dict[int, tuple[int, int]]:
         """node id -> (slab id, slot offset) of every allocation kept in a slab."""
         rows = self._db.execute("SELECT id, slab, slot FROM nodes WHERE slab IS NOT NULL")

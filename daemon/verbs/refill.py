@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import time
 
-from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError, round_up
+from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError
 
-from ..backends import Backend
-from ..backends.slabs import region
+from ..backends.packed import PackedBackend
+from ..backends.slabs import placement, region
 from ..core import usermeta
 from ..core.creation import Creation, NewAllocation, Request
 from ..core.custody import Custody
@@ -39,7 +39,7 @@ from ..registry import Registry
 
 class RefillVerbs:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
-                 backend: Backend, custody: Custody, integrity: Integrity, holders: Holders,
+                 backend: PackedBackend, custody: Custody, integrity: Integrity, holders: Holders,
                  creation: Creation, refills: Refills, meta_bounds: usermeta.Bounds,
                  sizing: Sizing):
         self.sizing = sizing
@@ -88,9 +88,10 @@ class RefillVerbs:
         try:
             with self.journal.change(durable=new is None and found.durable):
                 alloc = found if new is None else self._create(new, path, cred, request)
-                if was is not None and was != (alloc.device, alloc.capacity):
+                if was is not None:                 # new memory: where it is, a slot too
                     self.registry.nodes.update(alloc.id, device=alloc.device,
-                                              capacity=alloc.capacity)
+                                              capacity=alloc.capacity,
+                                              **placement(alloc.buffer))
                 self._enter_restoring(alloc, cred, entries)
                 fd = self.backend.export(alloc.buffer, True)
                 holder = self.holders.add(alloc, session, "write")
@@ -158,10 +159,11 @@ class RefillVerbs:
             if device is not None:
                 raise
             dev = backend.device(None)
-        capacity = round_up(max(alloc.size or 0, 1), dev.granularity)
+        capacity = backend.capacity_for(dev, max(alloc.size or 0, 1))
         was = alloc.device, alloc.capacity
         alloc.buffer = self.custody.allocate(dev, alloc.size, capacity, alloc.ecc,
-                                             label=alloc.path)
+                                             label=alloc.path, uid=alloc.uid)
+        self.custody.bind(alloc)
         alloc.device, alloc.capacity = dev.uuid, capacity
         try:
             self.integrity.protect_new(alloc)

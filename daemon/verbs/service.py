@@ -10,6 +10,7 @@ from ..core.custody import Custody
 from ..core.integrity import Integrity
 from ..core.journal import Journal
 from ..core.namespace import Namespace
+from ..core.slabs import IDLE_SECONDS
 from ..registry import Registry
 
 
@@ -41,7 +42,12 @@ class ServiceVerbs:
             self.journal.event("stop", None, None)
         for alloc in self.ns.allocations():
             self.custody.free(alloc)
+        self.custody.slabs.close()
         self.keeper.close()
+
+    def sweep_slabs(self) -> int:
+        """Housekeeping, every second: slabs empty for a second go (daemon/core/slabs.py)."""
+        return self.custody.slabs.sweep(IDLE_SECONDS)
 
     def reconcile_keeper(self) -> tuple[int, int]:
         """After a stall: the keeper holds exactly the durable allocations again."""

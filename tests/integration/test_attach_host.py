@@ -32,6 +32,7 @@ def child(daemon, code: str, *args: str, **popen) -> subprocess.Popen:
                             env=child_env(), cwd=ROOT, text=True, **popen)
 
 
+@pytest.mark.slabs_off
 def test_numpy_sees_the_bytes_written_by_gpumemctl_write(daemon):
     data = bytes(range(256)) * 40 + b"tail"
     daemon.cli("create", "w/x", "--size", str(len(data)), check=True)

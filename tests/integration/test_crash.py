@@ -80,6 +80,7 @@ def test_clean_stop_keeps_durable_in_keeper_and_removes_socket(daemon):
     assert [e["path"] for e in daemon.cli_json("ls")] == ["keep"]
 
 
+@pytest.mark.slabs_off
 def test_keeper_killed_while_daemon_lives_is_restarted_and_refilled(daemon):
     data = fill(daemon, SIZES)
     old = daemon.keeper_pid()
@@ -123,6 +124,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slabs_off
 def test_leased_transient_freed_within_1s_of_client_kill9(daemon):
     proc = subprocess.Popen([sys.executable, "-c", LEASE_CLIENT, daemon.socket],
                             stdout=subprocess.PIPE, env=child_env(), cwd=ROOT)

@@ -222,3 +222,29 @@ def test_the_owner_maps_its_small_object_in_place_and_a_chown_takes_it_out(
                                  gid=1000)
     assert packed and span >= 4096 and found == 0
     assert json.loads(d.cli("check", "--json", check=0).stdout)["clean"]
+
+
+def test_a_lost_registry_keeps_the_slabs_and_adopt_orphans_gives_their_bytes_back(packed):
+    """The registry is gone while the keeper holds slabs: the start refuses (nothing freed),
+    and --adopt-orphans re-registers each slab whole under /lost+found/ (which allocation
+    had which slot was in the registry), every byte there."""
+    from tests.integration.test_startup_safety import (
+        REFUSED,
+        remove_registry,
+        start_refused,
+        start_with,
+    )
+    d = packed
+    blobs = {f"s{i}": bytes([65 + i]) * 4096 for i in range(3)}
+    with d.client() as c:
+        c.create_many([(n, 4096) for n in blobs], durable=True, raise_errors=True)
+        c.write_many([(n, b) for n, b in blobs.items()], raise_errors=True)
+    d.kill9()
+    remove_registry(d)
+    status, lines = start_refused(d)
+    assert status == REFUSED and len(lines) == 1 and "(it is new)" in lines[0], lines
+    start_with(d, "--adopt-orphans")
+    found = [e for e in d.cli_json("ls", "-R", "lost+found") if e["type"] == "allocation"]
+    assert [e["path"].rsplit("/", 1)[1] for e in found] == ["slab-1"]
+    whole = d.cli("read", found[0]["path"], check=True).stdout
+    assert all(b in whole for b in blobs.values())

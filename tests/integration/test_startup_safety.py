@@ -90,6 +90,7 @@ def keeper_held(d) -> int:
     return d.cli_json("status")["keeper"]["held"]
 
 
+@pytest.mark.slabs_off
 def test_missing_registry_refuses_and_the_bytes_survive_its_restore(daemon, tmp_path):
     fill(daemon, DATA)
     daemon.kill9()
@@ -124,6 +125,7 @@ def test_replaced_registry_refuses(daemon):
     assert os.path.exists(registry_files(daemon)[0])      # not ours to remove
 
 
+@pytest.mark.slabs_off
 def test_registry_older_than_the_keeper_refuses(daemon, tmp_path):
     """A backup taken before two durable creates: restoring it must not free them."""
     fill(daemon, {"old": b"from before the backup"})
@@ -177,6 +179,7 @@ def info_as_nobody(socket_path: str, path: str) -> int:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching uid needs root")
+@pytest.mark.slabs_off
 def test_adopt_orphans_reregisters_them_durable_under_lost_found(daemon):
     ids = fill(daemon, DATA)
     daemon.kill9()

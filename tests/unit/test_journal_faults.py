@@ -449,9 +449,7 @@ def test_every_statement_failing_in_turn_leaves_everything_consistent(tmp_path, 
 def _world(path, slabs: bool) -> World:
     """A world; with slabs, emptied slabs wait for the next sweep (its statements are not
     the verb's: test_a_failed_slab_sweep_leaves_the_slabs_for_the_next_one)."""
-    world = World(path, slabs=slabs)
-    world.m.custody.slabs.sweep_after_change = False
-    return world
+    return World(path, slabs=slabs)
 
 
 def test_a_failed_slab_sweep_leaves_the_slabs_for_the_next_one(tmp_path):
