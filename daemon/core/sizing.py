@@ -59,7 +59,13 @@ class Sizing:
             return
         dev = self.backend.device(alloc.device)
         fit = self.backend.capacity_for(dev, size)
-        capacity = self.backend.capacity_for(dev, max(fit, capacity or 0))
+        if capacity is not None and capacity > fit:
+            # Growth with room to spare (writes past the end): memory of its own, whole
+            # granules, while it grows; its last close packs it into a slot again if it is
+            # small then (trim), one copy instead of one per size class passed through.
+            capacity = max(dev.granularity, round_up(capacity, dev.granularity))
+        else:
+            capacity = fit
         held = alloc.capacity or 0 if alloc.buffer is not None else 0
         if size > alloc.size:
             self.custody.require_could_fit(dev, size, alloc.ecc)

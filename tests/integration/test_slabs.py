@@ -109,7 +109,9 @@ def test_another_uid_never_receives_a_slab(mounted_factory, tmp_path):
     """alice's world-readable small file, read by bob through a descriptor: it is moved out
     of alice's slab first, so bob's mapping holds that file's bytes and nothing of alice's
     other files, which share the slab (both written through the mount, in place)."""
-    d = mounted_factory(extra_args=["--config", config_file(tmp_path)])
+    # The host backend: its memfds are what a client maps (on cuda a reader gets no fd at
+    # all, docs/security.md, and the GPU test of slabs maps a region through CUDA).
+    d = mounted_factory(backend="host", extra_args=["--config", config_file(tmp_path)])
     os.mkdir(os.path.join(d.mnt, "shared"), 0o777)
     os.chmod(os.path.join(d.mnt, "shared"), 0o1777)
     public, secret = "P" * 4096, "S" * 4096
@@ -193,7 +195,9 @@ def test_the_owner_maps_its_small_object_in_place_and_a_chown_takes_it_out(
     """alice's own open and attach map her packed file where it lies (a region of her
     slab: no move, bytes right both ways). Root gives one of her files to bob: it leaves
     her slab first, so bob's bytes written after never show in her slab's memory."""
-    d = mounted_factory(extra_args=["--config", config_file(tmp_path)])
+    # The host backend: its memfds are what a client maps (on cuda a reader gets no fd at
+    # all, docs/security.md, and the GPU test of slabs maps a region through CUDA).
+    d = mounted_factory(backend="host", extra_args=["--config", config_file(tmp_path)])
     shared = os.path.join(d.mnt, "shared")
     os.mkdir(shared, 0o1777)
     os.chmod(shared, 0o1777)

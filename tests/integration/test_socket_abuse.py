@@ -564,6 +564,7 @@ def test_request_ids_are_echoed_whatever_their_type(daemon):
 
 # ---- many connections ------------------------------------------------------------------------
 
+@pytest.mark.slabs_off   # 'shared' keeps memory of its own: the baseline's fds stay
 def test_many_concurrent_connections_opened_and_dropped(daemon):
     """200 connections at once: some silent, some mid-hello, most with a session (and some of
     those holding leased allocations and read handles), all dropped abruptly. Sessions,
