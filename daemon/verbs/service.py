@@ -46,7 +46,7 @@ class ServiceVerbs:
         self.keeper.close()
 
     def sweep_slabs(self) -> int:
-        """Housekeeping, every second: slabs empty for a second go (daemon/core/slabs.py)."""
+        """Housekeeping, every 0.2 s: slabs empty for IDLE_SECONDS go (daemon/core/slabs.py)."""
         return self.custody.slabs.sweep(IDLE_SECONDS)
 
     def reconcile_keeper(self) -> tuple[int, int]:
