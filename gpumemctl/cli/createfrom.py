@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from .. import output
-from ..protocol import GpumemError, format_size, parse_size, split_path
+from ..protocol import GpumemError, UsageError, format_size, parse_size, split_path
 from ..protocol.errors import OK, USAGE
 from .context import connect
 
@@ -76,11 +76,17 @@ def parse(text: str, label: str) -> tuple[list[tuple[int, str, int]], list[str]]
     return entries, malformed
 
 
+# The most a list may hold: a file someone else controls (a link to /dev/zero, a FIFO that
+# never ends) must not make the caller read without end. 64 MiB is about a million lines.
+MAX_LIST_BYTES = 64 << 20
+
+
 def _read(source: str) -> str:
-    """All of FILE (or stdin), its bytes as names are (UTF-8, surrogateescape)."""
+    """All of FILE (or stdin), its bytes as names are (UTF-8, surrogateescape); at most
+    MAX_LIST_BYTES (a usage error past it, nothing created)."""
     if source == "-":
         try:
-            raw = sys.stdin.buffer.read()
+            raw = sys.stdin.buffer.read(MAX_LIST_BYTES + 1)
         except OSError as exc:
             exc.filename = exc.filename or output.STDIN_NAME
             raise
@@ -88,9 +94,13 @@ def _read(source: str) -> str:
         from ..localfiles import file_error, open_input
         with open_input(source, regular_only=False) as f:
             try:
-                raw = f.read()
+                raw = f.read(MAX_LIST_BYTES + 1)
             except OSError as exc:
                 raise file_error(exc, source, "read") from None
+    if len(raw) > MAX_LIST_BYTES:
+        raise UsageError(f"{'standard input' if source == '-' else source} holds more than "
+                         f"{MAX_LIST_BYTES >> 20} MiB, the most a --from list may: nothing "
+                         "created (split it)")
     return raw.decode("utf-8", "surrogateescape")
 
 

@@ -396,3 +396,27 @@ def test_create_from_usage(daemon, tmp_path):
     assert "No such file or directory" in proc.stderr.decode()
     daemon.cli("create", "--from", "-", input=b"", check=True)          # nothing to do
     assert daemon.cli_json("ls") == []
+
+
+def _plant_endless_list(where: str) -> int:
+    os.symlink("/dev/zero", os.path.join(where, "list"))
+    return 0
+
+
+def test_create_from_a_list_another_user_planted_reads_a_bounded_amount(daemon, tmp_path):
+    """Root runs `create --from` on a name in a shared directory where uid 65534 put a link
+    to /dev/zero: it reads at most MAX_LIST_BYTES, exits 2 naming the limit, creates
+    nothing (it used to read without end)."""
+    import shutil
+    import tempfile
+
+    from tests.users import run_as
+    shared = tempfile.mkdtemp(prefix="gpumemctl-shared-", dir="/tmp")   # /tmp: searchable
+    try:
+        os.chmod(shared, 0o1777)
+        run_as(_plant_endless_list, shared)
+        proc = daemon.cli("create", "--from", os.path.join(shared, "list"), check=2)
+        assert b"more than 64 MiB" in proc.stderr and b"nothing created" in proc.stderr
+        assert daemon.cli_json("ls") == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
