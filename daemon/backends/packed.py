@@ -64,9 +64,10 @@ class PackedBackend(Backend):
     def allocate(self, capacity: int, device: str, label: str) -> Buffer:
         return self.raw.allocate(capacity, device, label)
 
-    def free(self, buf) -> None:
+    def free(self, buf, zeroed: bool = False) -> None:
+        """`zeroed`: a slot the caller zeroed and encoded (Slab.give_back)."""
         if isinstance(buf, Slot):
-            buf.slab.give_back(buf)
+            buf.slab.give_back(buf, zeroed)
             buf.tenant = None
             if buf.slab.retired and not buf.slab.used:
                 self.pool.drop_slab(buf.slab)

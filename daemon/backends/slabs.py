@@ -51,6 +51,11 @@ class Slab:
     parity: Buffer | None
     free_slots: list[int] = dataclasses.field(default_factory=list)   # offsets, a stack
     used: dict[int, Slot] = dataclasses.field(default_factory=dict)     # offset -> slot
+    # Free slots whose bytes may not be zeros (an earlier tenant's, or unknown after a
+    # restart): one is zeroed and its blocks encoded when it is taken (Slabs.place). Every
+    # other free slot reads as zeros and agrees with the slab's parity, so a new object
+    # placed there costs no codec run.
+    dirty: set[int] = dataclasses.field(default_factory=set)
     retired: bool = False            # its row is gone: freed with its last used slot
     emptied_at: float | None = None  # time.monotonic() its last slot was given back
     # Held around every codec run on the slab: a slot below a block shares the block's
@@ -73,21 +78,37 @@ class Slab:
     def key(self) -> tuple[int, str, str, int]:
         return (self.uid, self.device, self.ecc, self.slot)
 
-    def take(self, offset: int | None = None) -> Slot:
-        """A free slot (the given one, when adopting), now used."""
-        if offset is None:
-            offset = self.free_slots.pop()
-        else:
-            self.free_slots.remove(offset)
-        slot = Slot(slab=self, offset=offset, capacity=self.slot, device=self.device)
+    def take(self) -> Slot:
+        """A free slot, now used; `clean` says whether it reads as zeros."""
+        offset = self.free_slots.pop()
+        slot = Slot(slab=self, offset=offset, capacity=self.slot, device=self.device,
+                    clean=offset not in self.dirty)
+        self.dirty.discard(offset)
         self.used[offset] = slot
         self.emptied_at = None
         return slot
 
-    def give_back(self, slot: Slot) -> None:
+    def take_adopted(self, offset: int) -> Slot:
+        """The slot a registry row names, at a restart; settle() once all are taken."""
+        slot = Slot(slab=self, offset=offset, capacity=self.slot, device=self.device)
+        self.used[offset] = slot
+        return slot
+
+    def settle(self) -> None:
+        """After a restart's take_adopted calls: the other slots are free, holding whatever
+        the transient or removed objects there left (dirty)."""
+        self.free_slots = [o for o in range(self.capacity - self.slot, -1, -self.slot)
+                           if o not in self.used]
+        self.dirty = set(self.free_slots)
+        self.emptied_at = None if self.used else time.monotonic()
+
+    def give_back(self, slot: Slot, zeroed: bool = False) -> None:
+        """`zeroed`: the caller zeroed the slot and encoded its blocks (it is clean)."""
         if self.used.get(slot.offset) is slot:
             del self.used[slot.offset]
             self.free_slots.append(slot.offset)
+            if not zeroed:
+                self.dirty.add(slot.offset)
             if not self.used:
                 self.emptied_at = time.monotonic()
 
@@ -113,6 +134,7 @@ class Slot(Buffer):
     capacity: int
     device: str
     tenant: object = None
+    clean: bool = False              # zeros, and the slab's parity agrees (taken fresh)
 
 
 @dataclasses.dataclass(eq=False)

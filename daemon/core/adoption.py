@@ -75,6 +75,7 @@ class Adoption:
             if node_keys:           # no new id may alias a key the keeper holds
                 self.ns.ids.reserve_up_to(max(node_keys))
             self._adopt_listed(kept, summary, slabs_lost)
+            self.custody.slabs.settle()
             for key, fds in kept.items():
                 self.free_orphan(key, fds)
                 summary["orphans_freed"] += 1

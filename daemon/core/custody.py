@@ -35,7 +35,7 @@ from .fdbudget import FdBudget, fds_for
 from .journal import Journal
 from .namespace import Namespace
 from .nodes import Allocation
-from .parity import Parity
+from .parity import Parity, unsettled
 from .slabs import Slabs
 
 log = logging.getLogger("gpumemd")
@@ -201,9 +201,18 @@ class Custody:
         with alloc.parity_lock:           # a worker may be encoding it (ParityJob)
             buf = alloc.buffer
             if buf is not None:
-                self.backend.free(buf)
+                self.backend.free(buf, self._settle_slot(alloc, buf))
                 alloc.buffer = None
             self.parity.free(alloc)
+
+    def _settle_slot(self, alloc: Allocation, buf) -> bool:
+        """A slot whose parity may be stale goes back zeroed and encoded: its neighbours'
+        blocks then verify again. Returns whether it was (Slab.give_back's `zeroed`)."""
+        if not (isinstance(buf, Slot) and buf.slab.parity is not None and unsettled(alloc)):
+            return False
+        self.backend.zero(buf, 0, buf.capacity)
+        self.parity.encode_slot(buf)
+        return True
 
     def free_memory(self, buf) -> None:
         """Free memory no allocation holds any more (a resize's old memory, a failed
@@ -307,7 +316,7 @@ class Custody:
                     self.keeper.withdraw(alloc.id)     # now in a slot: the slab is kept
             except (KeeperGone, InternalError) as exc:   # Adoption.redeposit_all repairs
                 log.warning("keeper update after resizing '%s' failed: %s", alloc.path, exc)
-        self.free_memory(old)
+        self.backend.free(old, self._settle_slot(alloc, old))
 
     def _resize_in_place(self, alloc: Allocation, dev, size: int,
                          capacity: int, commit: Callable[[], None]) -> bool:

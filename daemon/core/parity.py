@@ -88,7 +88,7 @@ class Parity:
         if not self.wanted(alloc):
             return False
         if isinstance(alloc.buffer, Slot):
-            return self._ensure_slot(alloc, alloc.buffer)
+            return self._ensure_slot(alloc, alloc.buffer, fresh)
         want, total = self.size_for(alloc), blocks(capacity_of(alloc))
         if alloc.parity is not None and alloc.parity.capacity == want and \
                 alloc.parity.blocks == total:
@@ -108,10 +108,12 @@ class Parity:
             self.backend.free(old)
         return True
 
-    def _ensure_slot(self, alloc: Allocation, slot: Slot) -> bool:
+    def _ensure_slot(self, alloc: Allocation, slot: Slot, fresh: bool) -> bool:
         """A slot's parity is its slab's. When the allocation has just come to this slot,
         the slot's blocks are encoded whole (bytes past the size included: they are in the
-        slab's codewords). Never a new region: the keeper holds the slab's already."""
+        slab's codewords), unless it is `fresh` in a clean slot (zeros the slab's parity
+        already agrees with: a million creates run no codec). Never a new region: the
+        keeper holds the slab's already."""
         old = alloc.parity
         if isinstance(old, SlotParity) and old.slab is slot.slab and old.offset == slot.offset:
             return False
@@ -120,8 +122,15 @@ class Parity:
         alloc.parity = SlotParity(slot.slab, slot.offset)
         if old is not None:
             self.backend.free(old)
-        self.backend.ecc("encode", slot, alloc.parity, 0, max(1, slot.capacity // BLOCK), 0)
+        if not (fresh and slot.clean):
+            self.encode_slot(slot)
+        slot.clean = False          # from now on its tenant writes
         return False
+
+    def encode_slot(self, slot: Slot) -> None:
+        """Encode the slab's blocks that `slot` lies in, whole."""
+        parity = SlotParity(slot.slab, slot.offset)
+        self.backend.ecc("encode", slot, parity, 0, max(1, slot.capacity // BLOCK), 0)
 
     def _carry_over(self, old, new, keep: int, total: int) -> int:
         """Copy the parity and checksums of blocks [0, keep) from the old region (laid out
@@ -191,11 +200,16 @@ def neighbours_unsettled(alloc: Allocation) -> bool:
         return False
     for slot in buf.slab.neighbours(buf):
         other = slot.tenant
-        if isinstance(other, Allocation) and (
-                other.unsealed or other.writing or other.dirty_to > other.dirty_from
-                or other.holders_of("write", "attach-w", "mount-w")):
+        if isinstance(other, Allocation) and unsettled(other):
             return True
     return False
+
+
+def unsettled(alloc: Allocation) -> bool:
+    """Whether the allocation's parity may be stale by design: written since its sync,
+    unsealed, or held by a writer."""
+    return bool(alloc.unsealed or alloc.writing or alloc.dirty_to > alloc.dirty_from
+                or alloc.holders_of("write", "attach-w", "mount-w"))
 
 
 def now_ns() -> int:

@@ -55,6 +55,8 @@ class Slabs:
         if slot is None:
             self.sweep(IDLE_SECONDS)
             slot = self._new_slab(uid, device, ecc, capacity).take()
+        if not slot.clean:      # an earlier tenant's bytes: a new object reads zeros
+            self.backend.zero(slot, 0, slot.capacity)
         return slot
 
     def _new_slab(self, uid: int, device: str, ecc: str, slot: int) -> Slab:
@@ -189,7 +191,12 @@ class Slabs:
         if slab.slot != capacity or not slab.fits(offset) or offset in slab.used:
             raise InternalError(f"slot {offset} of slab {slab_id} (class {slab.slot}) does "
                                 f"not fit an allocation of capacity {capacity}")
-        return slab.take(offset)
+        return slab.take_adopted(offset)
+
+    def settle(self) -> None:
+        """After a restart's slot_at calls: every other slot of the slabs is free."""
+        for slab in self.backend.pool.slabs.values():
+            slab.settle()
 
     def summary(self) -> dict:
         """Slabs, their bytes and what their used slots hold (status)."""
