@@ -29,6 +29,7 @@ from .verbs.copies import CopyVerbs
 from .verbs.data import DataVerbs
 from .verbs.durability import DurabilityVerbs
 from .verbs.handles import HandleVerbs
+from .verbs.many import ManyVerbs
 from .verbs.metadata import MetadataVerbs
 from .verbs.names import NameVerbs
 from .verbs.queries import Queries
@@ -116,6 +117,7 @@ def build_verbs(c: Core, config: Config) -> Verbs:
                        c.sizing),
         copies=CopyVerbs(c.journal, c.ns, c.backend, c.custody, c.integrity, c.holders,
                          c.sizing),
+        many=ManyVerbs(c.journal, c.creation),
         durability=DurabilityVerbs(c.ns, c.custody, c.lifecycle),
         handles=HandleVerbs(c.registry, c.journal, c.ns, c.backend, c.custody, c.integrity,
                             c.holders, c.sizing, c.lifecycle, c.refills,

@@ -51,8 +51,9 @@ class BatchCalls:
                     raise_errors: bool = False) -> list[Allocation | GpumemError]:
         """Create each item: a pair (path, size) or a dict of `create`'s arguments (path,
         size and any of the keywords here, which it overrides for that item). A size may be
-        a string ("64K"). Transient creates share registry commits; each durable one has
-        its own (docs/protocol.md, "Many objects at once")."""
+        a string ("64K"). The creates share registry commits, one per slice of the batch,
+        durable ones too unless their memory is their own (1 MiB and more: those commit
+        one by one; docs/protocol.md, "Many objects at once")."""
         common = {"durable": durable, "mode": mode, "exist_ok": exist_ok, "lease": lease,
                   "device": None if device is None else str(device)}
         if ecc is not None:

@@ -86,6 +86,32 @@ class Journal:
             for step in after:
                 step()
 
+    @contextlib.contextmanager
+    def part(self) -> Iterator[None]:
+        """Inside an open change: a part that fails alone. Its statements and in-memory
+        steps are taken back and its events dropped when it raises; the change goes on and
+        commits the other parts (a batch's items sharing one commit: daemon/server/batch.py).
+        Its changes are only as final as the commit that ends the whole change."""
+        if not self.in_change:
+            raise RuntimeError("a part needs an open change")
+        marks = (len(self._undo_log), len(self._pending_events), len(self._pending_nodes),
+                 len(self._after_commit))
+        try:
+            with self.registry.savepoint():
+                yield
+        except BaseException:
+            undo = self._undo_log[marks[0]:]
+            del self._undo_log[marks[0]:]
+            del self._pending_events[marks[1]:]
+            del self._pending_nodes[marks[2]:]
+            del self._after_commit[marks[3]:]
+            for step in reversed(undo):
+                try:
+                    step()
+                except Exception:
+                    log.exception("rolling back an in-memory change failed")
+            raise
+
     def on_commit(self, step: Callable[[], object]) -> None:
         """Run `step` once the open change has committed (now, if none is open); never if
         it rolls back."""

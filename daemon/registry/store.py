@@ -189,6 +189,22 @@ class Registry:
         else:
             self._commit("NORMAL")
 
+    @contextlib.contextmanager
+    def savepoint(self):
+        """Inside a transaction(): a part whose statements an error takes back alone, the
+        rest of the transaction going on (a batch's items sharing one commit)."""
+        if not self._in_txn:
+            raise RuntimeError("a savepoint needs an open transaction")
+        self.db.execute("SAVEPOINT part")
+        try:
+            yield self.db
+        except BaseException:
+            self.event_log.forget_counts()
+            self.db.execute("ROLLBACK TO part")
+            self.db.execute("RELEASE part")
+            raise
+        self.db.execute("RELEASE part")
+
     @property
     def in_transaction(self) -> bool:
         """Whether a transaction() block is open (the journal's undo log is live)."""

@@ -12,13 +12,14 @@ BATCH_MAX_ITEMS items refuse the request whole (code 2, nothing done).
 
 Commits and the loop: the items run on the event loop one after another, and every
 BATCH_SLICE_SECONDS the batch lets the loop serve everyone else (a checkpoint), so that a
-batch of 1024 creates (about 150 ms on the host backend) holds the other clients a slice
-at a time, never the whole batch. The registry's group commit (daemon/registry/store.py)
-merges the changes of the transient items of one slice into one transaction: a slice holds
-no checkpoint, and the group commit flushes only after one. A durable create keeps its own
+batch holds the other clients a slice at a time, never the whole batch. create_many runs a
+slice's creates as parts of one registry change (daemon/verbs/many.py): one commit for the
+slice, with one fsync when any of them is durable, the answer after it. A create that needs
+a keeper deposit of its own (a durable allocation with memory of its own) keeps its own
 commit (its deposit, then its row, under the deposit lock): at most one key may be in the
 keeper ahead of its row, which is what start-up takes for the residue of an interrupted
-create (daemon/core/orphans.py).
+create (daemon/core/orphans.py). The other ops' transient changes share the registry's
+group commit (daemon/registry/store.py), which flushes only at a checkpoint.
 """
 from __future__ import annotations
 
@@ -48,8 +49,13 @@ Do = Callable[[Any], Awaitable[Mapping[str, Any]]]
 
 
 async def create_many(schema: tuple[Arg, ...], call: Call) -> Reply:
-    """Each item is a `create` request's args (`schema`: the create op's)."""
+    """Each item is a `create` request's args (`schema`: the create op's). The items that
+    need no keeper call of their own run in groups, a slice of them in one registry change
+    (daemon/verbs/many.py): one commit and at most one fsync per slice. The others (a
+    durable allocation with memory of its own, a lease, an existing name) run as `create`
+    does, between groups."""
     cred, session = call.session.cred, call.session
+    items = _bounded(call, "items")
 
     async def create(item: dict) -> Mapping[str, Any]:
         a = validate(schema, item)
@@ -57,7 +63,48 @@ async def create_many(schema: tuple[Arg, ...], call: Call) -> Reply:
             a["path"], cred, size=a["size"], durable=a["durable"], mode=a["mode"],
             device=a["device"], ecc=a["ecc"], exist_ok=a["exist_ok"], session=session,
             lease=a["lease"], metadata=a["metadata"]))
-    return await _each(call, "items", _object(create))
+
+    def joined(item: Any) -> Mapping[str, Any] | None:
+        a = validate(schema, _an_object(item))
+        if a["lease"]:
+            return None
+        return call.verbs.many.create(
+            a["path"], cred, size=a["size"], durable=a["durable"], mode=a["mode"],
+            device=a["device"], ecc=a["ecc"], session=session, metadata=a["metadata"])
+
+    results: list[dict] = []
+    while len(results) < len(items):
+        group, alone = _group(call, items, len(results), joined)
+        results += group
+        if alone is not None:
+            results.append(await _answer(_object(create), alone, "items"))
+        await trio.sleep(0)             # the others' turn, between groups
+    return {"results": results}, []
+
+
+def _group(call: Call, items: list, first: int, joined: Callable[[Any], Mapping | None]
+           ) -> tuple[list[dict], Any]:
+    """Items from `first` on, as parts of one change, for BATCH_SLICE_SECONDS at most.
+    Returns their results, and the item that needs a change of its own (or None)."""
+    results: list[dict] = []
+    started = time.monotonic()
+    try:
+        with call.verbs.many.group():
+            while first + len(results) < len(items) and \
+                    time.monotonic() - started < BATCH_SLICE_SECONDS:
+                item = items[first + len(results)]
+                try:
+                    answer = joined(item)
+                except Exception as exc:  # noqa: BLE001 - this item's answer (part undone)
+                    results.append(_failed(exc, "items"))
+                    continue
+                if answer is None:
+                    return results, item
+                results.append({"ok": True, "result": answer})
+    except GpumemError as exc:       # the commit failed: every item it held, undone, says so
+        return [r if not r["ok"] else {"ok": False, "error": exc.to_wire()}
+                for r in results], None
+    return results, None
 
 
 async def remove_many(call: Call) -> Reply:
@@ -114,35 +161,54 @@ async def write_many(schema: tuple[Arg, ...], call: Call) -> Reply:
 # ---- the loop over the items ------------------------------------------------------------------
 async def _each(call: Call, name: str, do: Do) -> Reply:
     """`do` for each element of the argument `name`, in order; its answer or its error."""
-    items = call.args[name]
-    if len(items) > BATCH_MAX_ITEMS:
-        raise UsageError(f"{len(items)} {name} in one request: at most {BATCH_MAX_ITEMS} "
-                         "(BATCH_MAX_ITEMS); send the rest in another request; nothing was "
-                         "done", details={"items": len(items), "limit": BATCH_MAX_ITEMS})
+    items = _bounded(call, name)
     results: list[dict] = []
     sliced = time.monotonic()
     for item in items:
         if time.monotonic() - sliced >= BATCH_SLICE_SECONDS:
             await trio.sleep(0)         # the others' turn (and the group commit's)
             sliced = time.monotonic()
-        try:
-            results.append({"ok": True, "result": await do(item)})
-        except GpumemError as exc:
-            results.append({"ok": False, "error": exc.to_wire()})
-        except Exception as exc:  # a bug: logged and answered for this item, as for an op
-            log.exception("internal error in an item of %r", name)
-            results.append({"ok": False, "error": InternalError(
-                f"internal error: {type(exc).__name__}: {exc}").to_wire()})
+        results.append(await _answer(do, item, name))
     return {"results": results}, []
 
 
-def _object(do: Do) -> Do:
+def _bounded(call: Call, name: str) -> list:
+    """The argument `name`'s items, at most BATCH_MAX_ITEMS (else nothing is done)."""
+    items = call.args[name]
+    if len(items) > BATCH_MAX_ITEMS:
+        raise UsageError(f"{len(items)} {name} in one request: at most {BATCH_MAX_ITEMS} "
+                         "(BATCH_MAX_ITEMS); send the rest in another request; nothing was "
+                         "done", details={"items": len(items), "limit": BATCH_MAX_ITEMS})
+    return items
+
+
+async def _answer(do: Do, item: Any, name: str) -> dict:
+    try:
+        return {"ok": True, "result": await do(item)}
+    except Exception as exc:  # noqa: BLE001 - the item's answer
+        return _failed(exc, name)
+
+
+def _failed(exc: Exception, name: str) -> dict:
+    """An item's error answer; one that is no GpumemError is a bug: logged, answered as
+    an internal error for this item, as for an op."""
+    if not isinstance(exc, GpumemError):
+        log.error("internal error in an item of %r", name, exc_info=exc)
+        exc = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+    return {"ok": False, "error": exc.to_wire()}
+
+
+def _an_object(item: Any) -> dict:
     """An item must be a JSON object (its fields are checked by the item's schema)."""
+    if not isinstance(item, dict):
+        kind = _JSON_KINDS.get(type(item), type(item).__name__)
+        raise UsageError(f"an item must be an object, not {kind}: {_short(item)}")
+    return item
+
+
+def _object(do: Do) -> Do:
     async def checked(item: Any) -> Mapping[str, Any]:
-        if not isinstance(item, dict):
-            kind = _JSON_KINDS.get(type(item), type(item).__name__)
-            raise UsageError(f"an item must be an object, not {kind}: {_short(item)}")
-        return await do(item)
+        return await do(_an_object(item))
     return checked
 
 

@@ -14,6 +14,7 @@ from .copies import CopyVerbs
 from .data import DataVerbs
 from .durability import DurabilityVerbs
 from .handles import HandleVerbs
+from .many import ManyVerbs
 from .metadata import MetadataVerbs
 from .names import NameVerbs
 from .queries import Queries
@@ -27,6 +28,7 @@ class Verbs:
     names: NameVerbs            # create, mkdir, rm, rename, links, special files, attributes
     data: DataVerbs             # resize, the mount's reads and writes, read by copy, fsync
     copies: CopyVerbs           # writes by copy through the socket (write_many)
+    many: ManyVerbs             # creates of a batch sharing one commit (create_many)
     durability: DurabilityVerbs  # durable / transient
     handles: HandleVerbs        # open, attach, close, detach, seal, revoke; mount files; sessions
     refill: RefillVerbs         # refilling from a snapshot

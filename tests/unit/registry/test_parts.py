@@ -10,7 +10,8 @@ import pytest
 from daemon.registry import ROOT_ID, Registry
 
 # The registry's own public API: the connection, transactions, checkpoints.
-OWN = {"version", "migrate", "enable_group_commit", "transaction", "in_transaction", "flush",
+OWN = {"version", "migrate", "enable_group_commit", "transaction", "savepoint",
+       "in_transaction", "flush",
        "wal_bytes", "checkpoint_due", "checkpoint", "integrity_errors",
        "integrity_errors_readonly", "close"}
 PARTS = ("nodes", "links", "metadata", "damaged", "identity", "holders", "event_log")

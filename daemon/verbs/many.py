@@ -1,0 +1,56 @@
+"""Many creates in one registry commit (issue 26; docs/protocol.md, "Many objects at once").
+
+A batch's creates that need no keeper call of their own (a small allocation packed in its
+owner's slab, which the keeper holds already, or a transient one) run as parts of one
+change: one commit, and one fsync when any is durable, for a slice of items instead of one
+each. Each item is a part (Journal.part): its error takes back only its own statements and
+in-memory steps. A failed commit takes back the whole change, every item of it, and each of
+them answers that error. The answer goes out after the commit, so an item answered `ok`
+durable is on disk.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from gpumemctl.protocol.defaults import FILE_MODE
+
+from ..core.creation import Creation, NewAllocation, Request
+from ..core.describe import describe
+from ..core.journal import Journal
+from ..core.permissions import Credentials
+from ..core.sessions import Session
+
+if TYPE_CHECKING:
+    from gpumemctl.protocol.replies import Node as NodeInfo
+
+
+class ManyVerbs:
+    def __init__(self, journal: Journal, creation: Creation):
+        self.journal = journal
+        self.creation = creation
+
+    @contextlib.contextmanager
+    def group(self) -> Iterator[None]:
+        """One change for many parts; its commit is durable when any part is."""
+        with self.journal.change(durable=False, batch=True):
+            yield
+
+    def create(self, path: str, cred: Credentials, *, size: int, durable: bool = False,
+               mode: int = FILE_MODE, device: str | None = None, ecc: str | None = None,
+               session: Session | None = None, metadata: dict | None = None
+               ) -> NodeInfo | None:
+        """`create` as a part of the open group. None, having done nothing, when it would
+        need more than a part may do: a keeper deposit of its own (a durable allocation
+        with memory of its own), or an existing name (exist_ok's checks may make it
+        durable): the caller runs NameVerbs.create for it after the group."""
+        request = Request(size, durable, mode, device, ecc, False, session, metadata)
+        new = self.creation.check(path, cred, request)
+        if not isinstance(new, NewAllocation) or (durable and not self.creation.packed(new)):
+            return None
+        with self.journal.part():
+            alloc = self.creation.make(new, path, cred, request)
+            # make() frees its memory when it fails; a commit failing later must too
+            self.journal.on_rollback(lambda: self.creation.custody.free(alloc))
+            return describe(alloc, holders=True)
