@@ -61,6 +61,8 @@ from tests import harness  # noqa: E402
 
 say, summary, pct = core.say, core.summary, core.pct
 TOP = "objects"
+BATCH_TOP = "batch"
+BATCH_SEED_BASE = 1 << 40           # seed indexes of the batch's objects (phase 1's: 0..n)
 PER_DIR = 1000
 WARMUP_READS = 20
 MAX_CELL = 60                       # a longer measured cell is cut, and given below the table
@@ -294,9 +296,10 @@ def phase_batch(s: Session, args) -> dict:
     if args.batch == 0 or "create_many" not in present:
         return out
     ecc = None if args.ecc == "default" else args.ecc
-    names = [f"batch/d{i // PER_DIR:04d}/o{i:07d}" for i in range(args.batch)]
+    names = [f"{BATCH_TOP}/d{i // PER_DIR:04d}/o{i:07d}" for i in range(args.batch)]
     say(f"batch: {args.batch} {'durable' if args.durable else 'transient'} objects of "
-        f"{format_size(args.size)} by Client.create_many, then Client.remove_many")
+        f"{format_size(args.size)} by Client.create_many"
+        + ("" if args.keep_batch else ", then Client.remove_many"))
     try:
         c = s.client()
         t0 = time.perf_counter()
@@ -307,21 +310,41 @@ def phase_batch(s: Session, args) -> dict:
               if not isinstance(r, GpumemError)]
         failed = [r for r in made if isinstance(r, GpumemError)]
         t2 = time.perf_counter()
-        gone = c.remove_many(ok)
+        gone = None if args.keep_batch else c.remove_many(ok)
         t3 = time.perf_counter()
     except SOFT_ERRORS as exc:
         out["error"] = describe(exc)
         s.broken(exc)
         say(f"batch failed: {out['error']}")
         return out
-    out.update(made=len(ok), failed=len(failed), create_s=t1 - t0, remove_s=t3 - t2,
+    out.update(made=len(ok), failed=len(failed), create_s=t1 - t0,
                requests=-(-args.batch // BATCH_MAX_ITEMS),
-               first_error=describe(failed[0]) if failed else None,
-               removed=sum(not isinstance(r, GpumemError) for r in gone))
+               first_error=describe(failed[0]) if failed else None)
     if ok:
         out["creates_per_s"] = len(ok) / (t1 - t0)
+    if gone is not None:
+        out.update(remove_s=t3 - t2, removed=sum(not isinstance(r, GpumemError) for r in gone))
         out["removes_per_s"] = out["removed"] / (t3 - t2)
+    else:
+        out["kept"] = ok
+        out["written"] = write_sample(c, ok, args)
     return out
+
+
+def write_sample(c: Client, names: list[str], args) -> list[tuple[str, int]]:
+    """--keep-batch: --batch-written of the batch's objects, chosen at random, get their
+    bytes by Client.write_many (the others stay zeros); returns (path, seed index) of each,
+    for phase 4's reads."""
+    rng = random.Random(args.seed + 2)
+    chosen = sorted(rng.sample(range(len(names)), min(args.batch_written, len(names))))
+    picked = [(names[k], BATCH_SEED_BASE + k) for k in chosen]
+    say(f"batch: writing {len(picked)} of them by Client.write_many")
+    step = max(1, (8 << 20) // args.size)          # about 8 MiB of data a call
+    for at in range(0, len(picked), step):
+        part = picked[at:at + step]
+        c.write_many([(path, obj_data(args.seed, i, args.size)) for path, i in part],
+                     raise_errors=True)
+    return picked
 
 
 # ---- phase 2: what the objects hold --------------------------------------------------------------
@@ -359,7 +382,7 @@ def phase_footprint(s: Session, cr: dict, size: int, shmem_before: int | None,
 
 
 # ---- phase 3: kill -9 and restart ----------------------------------------------------------------
-def phase_restart(s: Session, want: int, timeout: float) -> dict:
+def phase_restart(s: Session, want: int, timeout: float, tops=(TOP,)) -> dict:
     say(f"phase 3: kill -9 of gpumemd, start, until all {want} objects are ready")
     s.close()
     d = s.d
@@ -371,7 +394,7 @@ def phase_restart(s: Session, want: int, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     polls, states = 0, Counter[str]()
     while True:
-        states = Counter(e["state"] for e in c.walk(TOP, recursive=True)
+        states = Counter(e["state"] for top in tops for e in c.walk(top, recursive=True)
                          if e["type"] == "allocation")
         polls += 1
         if states["ready"] >= want or time.monotonic() > deadline:
@@ -398,7 +421,7 @@ def read_one(c: Client, kind: str, path: str, size: int) -> bytes:
         return a.read(0, size)
 
 
-def phase_reads(s: Session, stored: list[int], args) -> dict:
+def phase_reads(s: Session, stored: list[tuple[str, int]], args) -> dict:
     rng = random.Random(args.seed + 1)
     kinds = ["read", "read_copy", "attach"]
     out: dict = {}
@@ -413,8 +436,7 @@ def phase_reads(s: Session, stored: list[int], args) -> dict:
         mismatched: list[str] = []
         failed, first_error, consecutive = 0, None, 0
         for n in range(WARMUP_READS + args.reads):
-            i = rng.choice(stored)
-            path = obj_path(i)
+            path, i = rng.choice(stored)
             try:
                 c = s.client()
                 t0 = time.perf_counter()
@@ -485,8 +507,12 @@ def rows_from(fig: dict) -> list[dict]:
             b["creates_per_s"] >= TARGET_BATCH_CREATES)
         if b["first_error"]:
             row(f"  first failure ({b['failed']} failed)", b["first_error"])
-        row(f"  batch remove: {b['removed']} objects by Client.remove_many",
-            f"{b['removes_per_s']:.0f}/s")
+        if "removes_per_s" in b:
+            row(f"  batch remove: {b['removed']} objects by Client.remove_many",
+                f"{b['removes_per_s']:.0f}/s")
+        else:
+            row("  kept for the later phases (--keep-batch); written for the reads",
+                f"{b.get('kept_n', 0)}; {b.get('written_n', 0)}")
     else:
         row("batch create (one request, many objects)",
             "not measured (--batch 0)" if not b["asked"] else
@@ -513,7 +539,7 @@ def rows_from(fig: dict) -> list[dict]:
                 f"{format_size(max(fp['nvml_delta'], 0))} = "
                 f"{max(fp['nvml_delta'], 0) / fp['size']:.2f}x stored")
     fds, before = fp["fds"], fp["fds_before"]
-    made = cr["made_n"]
+    made = cr["made_n"] + b.get("kept_n", 0)
     for who, target in (("daemon", TARGET_DAEMON_FDS), ("keeper", None)):
         now, was = fds.get(who), before.get(who)
         if now is None:
@@ -624,6 +650,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1000, metavar="N",
                    help="objects made by one Client.create_many (then removed) (1000; 0: "
                         "none)")
+    p.add_argument("--keep-batch", action="store_true",
+                   help="keep the batch's objects (no remove_many): the later phases (memory, "
+                        "restart, reads) count them too; for 1,000,000 objects")
+    p.add_argument("--batch-written", type=int, default=5000, metavar="N",
+                   help="with --keep-batch: how many of them get bytes (write_many) for the "
+                        "reads (5000)")
     p.add_argument("--reads", type=int, default=2000,
                    help="random reads through each path (2000)")
     p.add_argument("--max-failures", type=int, default=20, metavar="K",
@@ -669,10 +701,13 @@ def run_all(d: ObjectsDaemon, args, fig: dict) -> None:
         fig["batch"] = phase_batch(s, args)
         fig["footprint"] = phase_footprint(s, cr, args.size, shmem_before, fds_before,
                                            nvml_before)
+        kept = len(fig["batch"].get("kept") or ())
         if args.durable:
             if cr["made"]:
                 try:
-                    fig["restart"] = phase_restart(s, len(cr["made"]), args.restart_timeout)
+                    fig["restart"] = phase_restart(s, len(cr["made"]) + kept,
+                                                   args.restart_timeout,
+                                                   (TOP, BATCH_TOP) if kept else (TOP,))
                 except (RuntimeError, *SOFT_ERRORS) as exc:
                     fig["restart"] = {"error": describe(exc)}
                     say(f"phase 3 failed: {describe(exc)}")
@@ -685,12 +720,17 @@ def run_all(d: ObjectsDaemon, args, fig: dict) -> None:
         elif not d.alive():
             fig["reads_skipped"] = "gpumemd is not running"
         else:
-            fig["reads"] = phase_reads(s, cr["stored"], args)
+            stored = [(obj_path(i), i) for i in cr["stored"]]
+            fig["reads"] = phase_reads(s, stored + (fig["batch"].get("written") or []), args)
     finally:
         s.close()
         if "create" in fig:       # the figures keep counts, not every object's index
             fig["create"].pop("made", None)
             fig["create"].pop("stored", None)
+        for key in ("kept", "written"):
+            n = len(fig.get("batch", {}).pop(key, None) or ())
+            if n:
+                fig["batch"][f"{key}_n"] = n
 
 
 def main(argv=None) -> int:
@@ -715,6 +755,7 @@ def main(argv=None) -> int:
                             "size": args.size, "durable": args.durable, "ecc": args.ecc,
                             "fd_limit": args.fd_limit, "host_capacity": args.host_capacity,
                             "reads": args.reads, "batch": args.batch, "slabs": args.slabs,
+                            "keep_batch": args.keep_batch,
                             "max_failures": args.max_failures,
                             "seed": args.seed}}
     started = time.perf_counter()

@@ -27,6 +27,7 @@ from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_
 
 from . import config, paths, systemd
 from .backends import BackendUnavailable, choose_backend
+from .collector import gc_paused, tune_gc
 from .compose import Config, build, start
 from .core.fdbudget import FdBudget, raise_open_file_limit
 from .core.orphans import ADOPT_FLAG, FREE_FLAG, RECOVERY_DIR, OrphansHeld
@@ -425,8 +426,10 @@ def _main(args, lines: ClientLines | None = None) -> int:
         metadata_user_max_bytes=args.metadata_user_max_bytes, slabs=args.slabs))
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
+    tune_gc()
     try:
-        summary = start(verbs, orphans)
+        with gc_paused():            # start-up makes a node per row: nothing to collect
+            summary = start(verbs, orphans)
     except OrphansHeld:
         keeper.close()
         if registry.created:
@@ -442,6 +445,7 @@ def _main(args, lines: ClientLines | None = None) -> int:
     fds.watch(core.quotas.allocations, core.quotas.kept, lambda: len(core.ns.nodes),
               lambda uid: core.ns.nodes.owned.get(uid, 0), administrative_uid)
     core.custody.fds, fds.slab_fds = fds, core.backend.pool.slab_fds
+    fds.own = lambda: (core.backend.own_buffers, core.backend.own_generation)
     server = Server(verbs, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path},
                     scrubber=Scrubber(verbs, default_rate=args.scrub_rate),

@@ -32,6 +32,8 @@ class PackedBackend(Backend):
         self.fd_grants_write = raw.fd_grants_write
         self.resizes_in_place = raw.resizes_in_place
         self.fresh_memory_is_zero = raw.fresh_memory_is_zero
+        self.own_buffers = 0          # buffers of memory of its own alive (_count_own)
+        self.own_generation = 0       # changes to that count, for the per-uid cache
 
     # ---- what the backend is: forwarded ---------------------------------------------------
     def __getattr__(self, name: str):
@@ -62,7 +64,15 @@ class PackedBackend(Backend):
 
     # ---- the Backend interface, translated for slots ----------------------------------------
     def allocate(self, capacity: int, device: str, label: str) -> Buffer:
-        return self.raw.allocate(capacity, device, label)
+        buf = self.raw.allocate(capacity, device, label)
+        self._count_own(1)
+        return buf
+
+    def _count_own(self, change: int) -> None:
+        """Memory of its own (not a slab's), each buffer one descriptor in gpumemd: the fd
+        budget reads the count (FdBudget.require) instead of walking every allocation."""
+        self.own_buffers += change
+        self.own_generation += 1
 
     def free(self, buf, zeroed: bool = False) -> None:
         """`zeroed`: a slot the caller zeroed and encoded (Slab.give_back)."""
@@ -73,6 +83,7 @@ class PackedBackend(Backend):
                 self.pool.drop_slab(buf.slab)
         elif not isinstance(buf, SlotParity):
             self.raw.free(buf)
+            self._count_own(-1)
 
     def export(self, buf, writable: bool) -> int:
         return self.raw.export(_memory(buf), writable)
@@ -83,7 +94,9 @@ class PackedBackend(Backend):
         return self.raw.keeper_fds(buf)
 
     def adopt(self, fds: list[int], capacity: int, device: str) -> Buffer:
-        return self.raw.adopt(fds, capacity, device)
+        buf = self.raw.adopt(fds, capacity, device)
+        self._count_own(1)
+        return buf
 
     def read(self, buf, offset: int, length: int) -> bytes:
         return self.raw.read(_memory(buf), _base(buf) + offset, length)
@@ -144,13 +157,19 @@ class SlabPool:
         self.raw = raw
         self.slabs: dict[int, Slab] = {}
         self._by_key: dict[tuple, list[Slab]] = {}
+        self._last: dict[tuple, Slab] = {}    # per kind, the slab find_slot last took from
         self.slab_max = SLAB_MAX_BYTES.get(raw.name, 32 << 20)
 
     def find_slot(self, uid: int, device: str, ecc: str, capacity: int) -> Slot | None:
         """A free slot of class `capacity` in one of the owner's slabs; None: a new slab is
         needed (the core makes it: daemon/core/slabs.py)."""
-        for slab in self._by_key.get((uid, device, ecc, capacity), ()):
+        key = (uid, device, ecc, capacity)
+        last = self._last.get(key)          # where the last slot came from: most often
+        if last is not None and last.free_slots and not last.retired:   # it has more
+            return last.take()
+        for slab in self._by_key.get(key, ()):
             if slab.free_slots:
+                self._last[key] = slab
                 return slab.take()
         return None
 
@@ -212,6 +231,8 @@ class SlabPool:
 
     def _unlist(self, slab: Slab) -> None:
         self.slabs.pop(slab.id, None)
+        if self._last.get(slab.key) is slab:
+            del self._last[slab.key]
         same = self._by_key.get(slab.key, [])
         if slab in same:
             same.remove(slab)

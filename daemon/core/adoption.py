@@ -10,6 +10,7 @@ keeper only through Custody.deposit.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -29,6 +30,9 @@ from .orphans import POLICIES, OrphansHeld, capacity_of, classify, entry_name, h
 from .parity import Parity
 from .permissions import DAEMON, Credentials
 from .slabs import SLAB_KEY_BASE, is_slab_key
+
+# Allocations in slabs adopted at a start past which the `adopt` events are one per slab.
+ADOPT_EVENTS_PER_OBJECT = 10_000
 
 log = logging.getLogger("gpumemd")
 
@@ -120,6 +124,7 @@ class Adoption:
         daemon), a durable one takes back what the keeper kept (its slot, for one kept in a
         slab), or is `lost`. What it takes leaves `kept`."""
         placed = self.registry.slabs.placements()
+        in_slabs: list[Allocation] = []
         for alloc in self.ns.allocations():
             if not alloc.durable:
                 self.ns.forget(alloc)
@@ -130,6 +135,8 @@ class Adoption:
             elif alloc.id in placed and alloc.state != "lost":   # a lost one has no slot
                 adopted = self._adopt_slot(alloc, *placed[alloc.id], slabs_lost)
                 summary["adopted" if adopted else "lost"] += 1
+                if adopted:
+                    in_slabs.append(alloc)
             elif alloc.id in kept or -alloc.id in kept:
                 adopted = self._adopt(alloc, kept.pop(alloc.id, None),
                                       kept.pop(-alloc.id, None))
@@ -137,6 +144,7 @@ class Adoption:
             elif alloc.state != "lost":
                 self._mark_lost(alloc, "the keeper holds no memory for it")
                 summary["lost"] += 1
+        self._note_slots_adopted(in_slabs)
 
     def take_strays(self, kept: dict[int, list[int]], metas: dict[int, dict] | None,
                      orphans: str) -> dict[int, list[int]]:
@@ -235,8 +243,20 @@ class Adoption:
         if alloc.state in ("lost", "pending"):
             alloc.state = "ready"
             self.registry.nodes.update(alloc.id, state="ready")
-        self.journal.event("adopt", alloc, None, capacity=alloc.capacity)
         return True
+
+    def _note_slots_adopted(self, allocs: list[Allocation]) -> None:
+        """One `adopt` event per allocation taken back in a slab, as for the others; past
+        ADOPT_EVENTS_PER_OBJECT of them, one per slab ({slab, objects}), so that a restart
+        with a million small objects does not push the event log's history out (it keeps
+        100,000 events)."""
+        if len(allocs) <= ADOPT_EVENTS_PER_OBJECT:
+            for alloc in allocs:
+                self.journal.event("adopt", alloc, None, capacity=alloc.capacity)
+            return
+        per_slab = collections.Counter(a.buffer.slab.id for a in allocs)
+        for slab_id, count in sorted(per_slab.items()):
+            self.journal.event("adopt", None, None, slab=slab_id, objects=count)
 
     def _adopt_parity(self, alloc: Allocation, fds: list[int]) -> None:
         """Take back the parity the keeper kept; a missing or wrong-sized one is rebuilt

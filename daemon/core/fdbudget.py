@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,7 @@ FDS_PER_CONNECTION = 2
 CONNECTIONS_SHARE = 0.5
 ADMIN_SHARE = 0.125
 FDS_PER_ALLOCATION = 2          # the most one holds: its memory and its parity
+PER_UID_CACHE_SECONDS = 1.0     # a uid's descriptors, walked, are reused this long at most
 
 
 def raise_open_file_limit() -> tuple[int, int]:
@@ -96,6 +98,11 @@ class FdBudget:
         self._names_of: Callable[[int], int] = lambda uid: 0
         # Descriptors of slabs (a uid's, or None: all), which slots share.
         self.slab_fds: Callable[[int | None], int] = lambda uid: 0
+        # The buffers of memory of its own alive, and a count of changes to them
+        # (PackedBackend.own_buffers, .own_generation): the total without a walk of every
+        # allocation, and when a uid's walk (cached) must be made again. None: walk.
+        self.own: Callable[[], tuple[int, int]] | None = None
+        self._per_uid: tuple[tuple[int, int], dict[int, int]] | None = None
 
     def watch(self, allocations: Callable[[], list[Allocation]],
               kept: Callable[[], list[Allocation]], nodes: Callable[[], int],
@@ -121,21 +128,36 @@ class FdBudget:
         admin = uid is None or self.exempt(uid)
         limit = self.allocations if admin else self.for_users
         kept = self._kept()
-        holding: list[Allocation] | None = None
         slabs = self.slab_fds(None)
         if FDS_PER_ALLOCATION * (self._nodes() + len(kept)) + slabs + more > limit:
-            holding = self._allocations() + kept
-            if (used := self._used(holding) + slabs) + more > limit:
+            used = (self.own()[0] if self.own is not None else
+                    self._used(self._allocations() + kept)) + slabs
+            if used + more > limit:
                 raise self._total_error(used, more, limit, admin)
         if uid is None or admin:
             return
         slabs = self.slab_fds(uid)
         if FDS_PER_ALLOCATION * (self._names_of(uid) + len(kept)) + slabs + more > \
                 self.per_uid:
-            holding = self._allocations() + kept if holding is None else holding
-            if (mine := self._used([a for a in holding if a.uid == uid]) + slabs) + more > \
-                    self.per_uid:
+            if (mine := self._used_by(uid, kept) + slabs) + more > self.per_uid:
                 raise self._share_error(uid, mine, more)
+
+    def _used_by(self, uid: int, kept: list[Allocation]) -> int:
+        """Descriptors `uid`'s allocations hold: one walk of them all, kept for as long as
+        no buffer of memory of its own came or went (slabs are counted apart), and at most
+        PER_UID_CACHE_SECONDS (a chown moves descriptors between uids, and no buffer)."""
+        generation = None if self.own is None else \
+            (self.own()[1], int(time.monotonic() / PER_UID_CACHE_SECONDS))
+        cached = self._per_uid
+        if generation is not None and cached is not None and cached[0] == generation:
+            return cached[1].get(uid, 0)
+        per_uid: dict[int, int] = {}
+        for a in self._allocations() + kept:
+            if n := fds_of(a):
+                per_uid[a.uid] = per_uid.get(a.uid, 0) + n
+        if generation is not None:
+            self._per_uid = (generation, per_uid)
+        return per_uid.get(uid, 0)
 
     @staticmethod
     def _used(allocations: list[Allocation]) -> int:

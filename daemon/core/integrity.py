@@ -134,8 +134,7 @@ class Integrity:
             alloc.damaged = damage.get(alloc.id, set())
             if not self.parity.wanted(alloc):
                 continue
-            if alloc.parity is None or alloc.parity.capacity != self.parity.size_for(alloc) \
-                    or alloc.parity.blocks != (alloc.capacity or 0) // BLOCK:
+            if not self.parity.fits(alloc):
                 self.parity.free(alloc)
                 self.parity.ensure(alloc)
                 if alloc.durable:

@@ -71,6 +71,17 @@ class Parity:
             return capacity // 16
         return round_up(parity_bytes(capacity), dev.granularity)
 
+    def fits(self, alloc: Allocation) -> bool:
+        """Whether the allocation's parity region is the one its memory needs: its slab's
+        for a slot (kept with the slab), else one laid out for its capacity."""
+        parity, buf = alloc.parity, alloc.buffer
+        if isinstance(buf, Slot):
+            return isinstance(parity, SlotParity) and parity.slab is buf.slab and \
+                parity.offset == buf.offset
+        return parity is not None and not isinstance(parity, SlotParity) and \
+            parity.capacity == self.size_for(alloc) and \
+            parity.blocks == (alloc.capacity or 0) // BLOCK
+
     def wanted(self, alloc: Allocation) -> bool:
         return alloc.ecc == "rs" and alloc.buffer is not None
 

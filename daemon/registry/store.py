@@ -58,6 +58,20 @@ class RegistryUnusable(RuntimeError):
         self.corrupt = corrupt
 
 
+class DeferredSync:
+    """A durable commit's fsync that its caller runs later (Registry.deferring_sync)."""
+
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self.owed = False
+
+    def sync(self) -> None:
+        """fsync the WAL if a commit owes it (safe on a worker thread: one fd of its own)."""
+        if self.owed:
+            self.registry.sync_wal()
+            self.owed = False
+
+
 class Registry:
     """One registry file, open: its connection and transactions, and its table sections
     (parts) on them."""
@@ -70,6 +84,7 @@ class Registry:
         self._batched = False       # transient changes released in it and not committed
         self._want_full = False
         self._want_now = False
+        self._deferred: list[DeferredSync] = []    # deferring_sync() blocks open now
         self.group_commit = False   # see transaction(); enable_group_commit() turns it on
         self.on_batch: Callable[[], None] | None = None   # a batch starts: schedule flush()
         self.batch_lost = False     # a failed commit took answered batched changes with it
@@ -234,9 +249,25 @@ class Registry:
         self._open = self._batched = False
         self.last_change = time.monotonic()
         if level == "FULL":
-            self._sync_wal()
+            if self._deferred:
+                self._deferred[-1].owed = True
+            else:
+                self.sync_wal()
 
-    def _sync_wal(self) -> None:
+    @contextlib.contextmanager
+    def deferring_sync(self):
+        """Within: a durable commit does not fsync the WAL itself; it marks the yielded
+        DeferredSync `owed`, and the caller runs its sync() (on a worker thread: the event
+        loop goes on meanwhile) before it tells anyone the change is durable (a batch's
+        creates: daemon/server/batch.py)."""
+        deferred = DeferredSync(self)
+        self._deferred.append(deferred)
+        try:
+            yield deferred
+        finally:
+            self._deferred.remove(deferred)
+
+    def sync_wal(self) -> None:
         """fsync the WAL: everything committed so far survives a power cut."""
         fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
         try:

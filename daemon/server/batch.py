@@ -74,7 +74,9 @@ async def create_many(schema: tuple[Arg, ...], call: Call) -> Reply:
 
     results: list[dict] = []
     while len(results) < len(items):
-        group, alone = _group(call, items, len(results), joined)
+        group, alone, deferred = _group(call, items, len(results), joined)
+        if deferred is not None and deferred.owed:     # durable once on disk: then answer
+            await trio.to_thread.run_sync(deferred.sync)
         results += group
         if alone is not None:
             results.append(await _answer(_object(create), alone, "items"))
@@ -83,13 +85,15 @@ async def create_many(schema: tuple[Arg, ...], call: Call) -> Reply:
 
 
 def _group(call: Call, items: list, first: int, joined: Callable[[Any], Mapping | None]
-           ) -> tuple[list[dict], Any]:
+           ) -> tuple[list[dict], Any, Any]:
     """Items from `first` on, as parts of one change, for BATCH_SLICE_SECONDS at most.
-    Returns their results, and the item that needs a change of its own (or None)."""
+    Returns their results, the item that needs a change of its own (or None), and the
+    fsync its commit owes (ManyVerbs.group)."""
     results: list[dict] = []
     started = time.monotonic()
+    deferred = None
     try:
-        with call.verbs.many.group():
+        with call.verbs.many.group() as deferred:
             while first + len(results) < len(items) and \
                     time.monotonic() - started < BATCH_SLICE_SECONDS:
                 item = items[first + len(results)]
@@ -99,12 +103,12 @@ def _group(call: Call, items: list, first: int, joined: Callable[[Any], Mapping 
                     results.append(_failed(exc, "items"))
                     continue
                 if answer is None:
-                    return results, item
+                    return results, item, deferred
                 results.append({"ok": True, "result": answer})
     except GpumemError as exc:       # the commit failed: every item it held, undone, says so
         return [r if not r["ok"] else {"ok": False, "error": exc.to_wire()}
-                for r in results], None
-    return results, None
+                for r in results], None, None
+    return results, None, deferred
 
 
 async def remove_many(call: Call) -> Reply:

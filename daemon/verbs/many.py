@@ -3,10 +3,10 @@
 A batch's creates that need no keeper call of their own (a small allocation packed in its
 owner's slab, which the keeper holds already, or a transient one) run as parts of one
 change: one commit, and one fsync when any is durable, for a slice of items instead of one
-each. Each item is a part (Journal.part): its error takes back only its own statements and
-in-memory steps. A failed commit takes back the whole change, every item of it, and each of
-them answers that error. The answer goes out after the commit, so an item answered `ok`
-durable is on disk.
+each; the fsync runs on a worker thread while the loop serves the others. Each item is a
+part (Journal.part): its error takes back only its own statements and in-memory steps. A
+failed commit takes back the whole change, every item of it, and each of them answers that
+error. The answer goes out after the fsync, so an item answered `ok` durable is on disk.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ..core.describe import describe
 from ..core.journal import Journal
 from ..core.permissions import Credentials
 from ..core.sessions import Session
+from ..registry.store import DeferredSync
 
 if TYPE_CHECKING:
     from gpumemctl.protocol.replies import Node as NodeInfo
@@ -32,10 +33,13 @@ class ManyVerbs:
         self.creation = creation
 
     @contextlib.contextmanager
-    def group(self) -> Iterator[None]:
-        """One change for many parts; its commit is durable when any part is."""
-        with self.journal.change(durable=False, batch=True):
-            yield
+    def group(self) -> Iterator[DeferredSync]:
+        """One change for many parts; its commit is durable when any part is. The fsync
+        that makes it so is the caller's: it runs the yielded DeferredSync's sync(), off
+        the event loop, before it answers (Registry.deferring_sync)."""
+        with self.journal.registry.deferring_sync() as deferred:
+            with self.journal.change(durable=False, batch=True):
+                yield deferred
 
     def create(self, path: str, cred: Credentials, *, size: int, durable: bool = False,
                mode: int = FILE_MODE, device: str | None = None, ecc: str | None = None,

@@ -11,6 +11,7 @@ from daemon.registry import ROOT_ID, Registry
 
 # The registry's own public API: the connection, transactions, checkpoints.
 OWN = {"version", "migrate", "enable_group_commit", "transaction", "savepoint",
+       "deferring_sync", "sync_wal",
        "in_transaction", "flush",
        "wal_bytes", "checkpoint_due", "checkpoint", "integrity_errors",
        "integrity_errors_readonly", "close"}
