@@ -389,7 +389,7 @@ def phase_restart(s: Session, want: int, timeout: float, tops=(TOP,)) -> dict:
     if d.alive():
         d.kill9()
     t_spawn = d.spawn()
-    c = s.client()
+    c = s.c = d.connect(timeout=timeout)      # a start with a million objects takes a while
     t_conn = time.perf_counter() - t_spawn
     deadline = time.monotonic() + timeout
     polls, states = 0, Counter[str]()

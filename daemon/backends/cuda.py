@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 
 from gpumemctl import cudadrv
 from gpumemctl.protocol import InvalidState, format_size
@@ -30,6 +31,7 @@ from gpumemctl.protocol import InvalidState, format_size
 from .base import Backend, BackendUnavailable, Buffer, DeviceInfo
 
 log = logging.getLogger("gpumemd")
+FREE_CACHE_SECONDS = 0.01   # how old a device's free bytes may be (CudaBackend._free_of)
 STAGING_CHUNK = 16 << 20     # the daemon's own I/O is small; clients bring their own buffers
 
 
@@ -77,6 +79,7 @@ class CudaBackend(Backend[CudaBuffer]):
                 "no usable CUDA device: " + ("; ".join(self.skipped) or "none visible") +
                 " (gpumemd needs VMM with POSIX-fd handles; see gpumemctl doctor)")
         self._stagers: dict[int, cudadrv.Stager] = {}
+        self._free: dict[int, tuple[float, int]] = {}     # index -> (when, bytes): _free_of
         self._codecs: dict = {}              # device index -> GpuCodec, made on first use
         self.ecc_cache_dir: str | None = None   # compiled kernels (set by gpumemd: STATE_DIR)
         # The daemon does its own I/O on this (its event loop's) thread: keep the first
@@ -101,8 +104,20 @@ class CudaBackend(Backend[CudaBuffer]):
     # ---- devices -----------------------------------------------------------------------
     def devices(self) -> list[DeviceInfo]:
         return [DeviceInfo(index=d.index, uuid=d.uuid, name=d.name, total=d.total,
-                           free=cudadrv.mem_get_info(d.index)[0], granularity=d.granularity)
+                           free=self._free_of(d.index), granularity=d.granularity)
                 for d in self._devices]
+
+    def _free_of(self, index: int) -> int:
+        """cuMemGetInfo's free bytes, at most FREE_CACHE_SECONDS old: a create asks for the
+        devices a few times, and each query costs a context push and a driver call (a
+        million small creates spent most of their time there). Our own allocations and
+        frees forget it at once; another process's are seen within the interval, and a
+        cuMemCreate the count let through that finds no room is refused as no memory."""
+        now = time.monotonic()
+        cached = self._free.get(index)
+        if cached is None or now - cached[0] > FREE_CACHE_SECONDS:
+            cached = self._free[index] = (now, cudadrv.mem_get_info(index)[0])
+        return cached[1]
 
     def _by_uuid(self, uuid: str) -> _Device:
         for dev in self._devices:
@@ -115,6 +130,7 @@ class CudaBackend(Backend[CudaBuffer]):
     def allocate(self, capacity: int, device: str, label: str) -> CudaBuffer:
         dev = self.device(device)
         self.check_free(dev, capacity)
+        self._free.clear()
         try:
             handle = cudadrv.mem_create(capacity, dev.index)
         except cudadrv.CudaOutOfMemory:
@@ -139,6 +155,7 @@ class CudaBackend(Backend[CudaBuffer]):
         with cudadrv.context(buf.index):
             cudadrv.release(buf.handle)
         buf.handle = None
+        self._free.clear()
         if buf.share_fd >= 0:
             os.close(buf.share_fd)
             buf.share_fd = -1
@@ -158,6 +175,7 @@ class CudaBackend(Backend[CudaBuffer]):
             dev = self._by_uuid(device)
             with cudadrv.context(dev.index):
                 handle = cudadrv.import_fd(fd)
+            self._free.clear()
         except BaseException:
             os.close(fd)
             raise
