@@ -11,7 +11,7 @@ class Nodes(Part):
         cur = self._db.execute("SELECT * FROM nodes ORDER BY id")
         cur.row_factory = None          # plain tuples: a million rows load in a second less
         columns = [c[0] for c in cur.description]
-        rows = [dict(zip(columns, row)) for row in cur.fetchall()]
+        rows = [dict(zip(columns, row, strict=True)) for row in cur.fetchall()]
         for row in rows:
             if isinstance(row["name"], bytes):
                 row["name"] = loaded_name(row["name"])
