@@ -10,6 +10,7 @@ from .backends import Backend
 from .backends.packed import PackedBackend
 from .core import usermeta
 from .core.adoption import Adoption
+from .core.compaction import Compaction
 from .core.creation import Creation
 from .core.custody import Custody
 from .core.holders import Holders
@@ -25,6 +26,7 @@ from .core.slabs import Slabs
 from .registry import Registry
 from .verbs import Verbs
 from .verbs.checks import Checks
+from .verbs.compaction import CompactionVerbs
 from .verbs.copies import CopyVerbs
 from .verbs.data import DataVerbs
 from .verbs.durability import DurabilityVerbs
@@ -56,6 +58,7 @@ class Core:
     sizing: Sizing
     creation: Creation
     refills: Refills
+    compactor: Compaction         # slabs compacted (docs/storage.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Config:
     metadata_max_bytes: int = usermeta.DEFAULT_MAX_BYTES        # daemon/core/usermeta.py
     metadata_user_max_bytes: int = usermeta.DEFAULT_USER_MAX_BYTES
     slabs: bool = True                # config `slabs`: small allocations packed (storage.md)
+    compact_min_slack: int | None = 64 << 20   # config `compact_min_slack` (0: never by itself)
 
 
 def build(registry: Registry, backend: Backend, keeper: Any,
@@ -106,7 +110,8 @@ def build_core(registry: Registry, backend: Backend, keeper: Any, config: Config
         Sizing(registry, journal, ns, backend, custody, integrity, holders, quotas),
         Creation(journal, ns, backend, custody, integrity, holders, quotas, bounds,
                  config.default_ecc),
-        Refills(registry, journal, ns, custody, integrity, lifecycle))
+        Refills(registry, journal, ns, custody, integrity, lifecycle),
+        Compaction(registry, journal, backend, custody))
 
 
 def build_verbs(c: Core, config: Config) -> Verbs:
@@ -132,7 +137,8 @@ def build_verbs(c: Core, config: Config) -> Verbs:
         checks=Checks(c.registry, c.keeper, c.ns, c.custody, c.integrity,
                       fault_injection=config.fault_injection),
         service=ServiceVerbs(c.registry, c.journal, c.ns, c.custody, c.adoption, c.integrity,
-                             c.keeper))
+                             c.keeper),
+        compaction=CompactionVerbs(c.compactor, min_slack=config.compact_min_slack))
 
 
 def start(verbs: Verbs, orphans: str = "refuse") -> dict:

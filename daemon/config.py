@@ -293,6 +293,10 @@ KEYS: tuple[Key, ...] = (
         "docs/storage.md): a 4 KiB file takes 4 KiB and no descriptor of its own; false: "
         "every allocation has memory of its own, whole granules, as before", _bool,
         "--slabs"),
+    Key("compact_min_slack", "size", "64M",
+        "housekeeping compacts the slabs (`gpumemctl compact`, docs/storage.md) when a "
+        "device's slabs have more free slots than this and than 25% of their bytes; 0: "
+        "only when asked", _size(zero_ok=True)),
     Key("quotas", "table", "none",
         'per-user limit on the capacity of one\'s allocations: [quotas] 1000 = "16G", '
         'nobody = "4G" (a user name must exist when gpumemd starts)', _quotas),
@@ -330,6 +334,7 @@ class Config:
     metadata_max_bytes: int | None = None
     metadata_user_max_bytes: int | None = None
     slabs: bool | None = None
+    compact_min_slack: int | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
@@ -450,6 +455,8 @@ def apply(args, config: Config) -> None:
                                     else config.metadata_user_max_bytes)
     args.snapshot_dir = config.snapshot_dir
     args.slabs = args.slabs in (True, "on") if args.slabs is not None else True
+    args.compact_min_slack = 64 << 20 if config.compact_min_slack is None \
+        else config.compact_min_slack
     args.snapshot_on_stop = bool(config.snapshot_on_stop)
     args.restore_on_start = bool(config.restore_on_start)
     if (args.snapshot_on_stop or args.restore_on_start) and not args.snapshot_dir:

@@ -299,7 +299,7 @@ async def run_daemon(verbs: Verbs, server: Server, mount: Mount | None, *,
                                                  keeper))
             nursery.start_soon(background, "registry checkpoint",
                                functools.partial(housekeeping.run, registry,
-                                                 verbs.service.sweep_slabs))
+                                                 verbs.service.sweep_slabs, verbs.compaction))
             if log_lines is not None:
                 nursery.start_soon(background, "log summaries",
                                    functools.partial(summarise_every_minute, log_lines))
@@ -423,7 +423,8 @@ def _main(args, lines: ClientLines | None = None) -> int:
         max_handles_per_uid=args.max_handles_per_uid,
         fds_to_readers=args.cuda_fds_to_readers, mountpoint=mount_path,
         metadata_max_bytes=args.metadata_max_bytes,
-        metadata_user_max_bytes=args.metadata_user_max_bytes, slabs=args.slabs))
+        metadata_user_max_bytes=args.metadata_user_max_bytes, slabs=args.slabs,
+        compact_min_slack=args.compact_min_slack))
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
     tune_gc()

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from .protocol.replies import (
         Allocation,
         CheckResult,
+        Compacted,
         Corrupted,
         Device,
         Directory,
@@ -416,6 +417,10 @@ class Client(BatchCalls):
 
     def check(self, *, repair: bool = False) -> CheckResult:
         return self.call("check", repair=repair)
+
+    def compact(self, *, dry_run: bool = False) -> Compacted:
+        """Compact the slabs (the administrator only; docs/storage.md): no timeout."""
+        return self._long_call("compact", dry_run=dry_run)
 
     # ---- ECC (docs/ecc.md) ------------------------------------------------------------------
     def _long_call(self, op: str, progress: Callable[[VerifyProgress], None] | None = None,

@@ -183,6 +183,10 @@ SLAB_GAUGES = (
     ("parity_bytes", "gpumemd_slab_parity_bytes", "bytes of the parity of the device's slabs"),
     ("used_bytes", "gpumemd_slab_used_bytes", "bytes of the slabs' slots that allocations use"),
     ("objects", "gpumemd_slab_objects", "small allocations in the device's slabs"),
+    ("slack_bytes", "gpumemd_slab_slack_bytes", "bytes of the slabs' free slots (slab bytes "
+     "minus used bytes)"),
+    ("fragmentation", "gpumemd_slab_fragmentation", "share of the partly used slabs' bytes "
+     "in free slots (0 to 1; `gpumemctl compact` gives it back)"),
 )
 
 
@@ -196,7 +200,7 @@ def _device(r: Registry, dev: Device) -> None:
             "parity included", dev.get("ours"), **labels)
     slabs: dict = dict(dev.get("slabs") or {})
     for key, name, help_ in SLAB_GAUGES:
-        if isinstance(slabs.get(key), int):
+        if isinstance(slabs.get(key), int | float):
             r.gauge(name, help_, slabs[key], **labels)
     for field, name, type_, help_, scale in NVML:
         value = dev.get(field)

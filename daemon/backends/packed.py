@@ -249,8 +249,10 @@ class SlabPool:
 
     def use_per_device(self) -> dict[str, dict]:
         """Device UUID -> its slabs: how many, their bytes and their parity's, the bytes of
-        their used slots, and the objects in them (status, metrics: slack is bytes - used)."""
+        their used slots, the objects in them, the slack (bytes - used_bytes) and the
+        fragmentation: 1 - used / bytes over the slabs partly used (docs/storage.md)."""
         out: dict[str, dict] = {}
+        partly: dict[str, list[int]] = {}
         for s in self.slabs.values():
             use = out.setdefault(s.device, {"count": 0, "bytes": 0, "parity_bytes": 0,
                                             "used_bytes": 0, "objects": 0})
@@ -259,6 +261,14 @@ class SlabPool:
             use["parity_bytes"] += s.parity.capacity if s.parity is not None else 0
             use["used_bytes"] += len(s.used) * s.slot
             use["objects"] += len(s.used)
+            if s.used and s.free_slots:
+                part = partly.setdefault(s.device, [0, 0])
+                part[0] += s.capacity
+                part[1] += len(s.used) * s.slot
+        for device, use in out.items():
+            total, used = partly.get(device, (0, 0))
+            use["slack_bytes"] = use["bytes"] - use["used_bytes"]
+            use["fragmentation"] = round(1 - used / total, 4) if total else 0.0
         return out
 
     def slab_fds(self, uid: int | None = None) -> int:

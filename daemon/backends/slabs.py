@@ -78,9 +78,13 @@ class Slab:
     def key(self) -> tuple[int, str, str, int]:
         return (self.uid, self.device, self.ecc, self.slot)
 
-    def take(self) -> Slot:
-        """A free slot, now used; `clean` says whether it reads as zeros."""
-        offset = self.free_slots.pop()
+    def take(self, offset: int | None = None) -> Slot:
+        """A free slot (the one at `offset`, which must be free: compaction's choice), now
+        used; `clean` says whether it reads as zeros."""
+        if offset is None:
+            offset = self.free_slots.pop()
+        else:
+            self.free_slots.remove(offset)
         slot = Slot(slab=self, offset=offset, capacity=self.slot, device=self.device,
                     clean=offset not in self.dirty)
         self.dirty.discard(offset)

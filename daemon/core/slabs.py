@@ -119,8 +119,18 @@ class Slabs:
         once, a create and remove churning, keeps its memory meanwhile). Removing everything
         gives every byte back within half a second. Returns how many went."""
         now = time.monotonic()
-        gone = [s for s in list(self.backend.pool.slabs.values()) if not s.used and
-                (s.emptied_at is None or now - s.emptied_at >= min_idle)]
+        return self._drop_empty([s for s in list(self.backend.pool.slabs.values())
+                                 if not s.used and
+                                 (s.emptied_at is None or now - s.emptied_at >= min_idle)])
+
+    def release(self, slabs: list[Slab]) -> int:
+        """Free now those of `slabs` that are still held and empty (the slabs a compaction
+        pass emptied: daemon/core/compaction.py), as the sweep would."""
+        pool = self.backend.pool
+        return self._drop_empty([s for s in slabs if not s.used and pool.slabs.get(s.id) is s])
+
+    def _drop_empty(self, gone: list[Slab]) -> int:
+        """Commit the rows' deletion, then withdraw and free (the order of a slab's going)."""
         if not gone:
             return 0
         try:

@@ -28,7 +28,7 @@ from gpumemctl.protocol.defaults import (
 )
 
 from ..verbs.refill import REPORT_ACTIONS, REPORT_RESULTS
-from . import allocations, batch, status, streams, verify
+from . import allocations, batch, compaction, status, streams, verify
 from .call import Call, Reply
 from .schema import REQUIRED, Arg, Kind
 from .transport import Connection
@@ -175,6 +175,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("scrub", (Arg("action", Kind.STR, SCRUB_ACTION, choices=("start", "stop", "status")),
                  Arg("rate", Kind.INT, None, what="bytes per second (an integer)")),
        verify.scrub),
+    # Slabs compacted (issue 26, docs/storage.md): the administrator only.
+    Op("compact", (flag("dry_run"),), compaction.compact),
     # Many objects at once (issue 26): one result per item, in order (daemon/server/batch.py).
     Op("create_many", (ITEMS,), functools.partial(batch.create_many, CREATE)),
     Op("remove_many", (Arg("paths", Kind.STR_LIST, what="a list of names (strings)"),

@@ -48,7 +48,8 @@ async def devices_with_telemetry(reports: Any) -> list[dict]:
     ours = reports.bytes_held_per_device()
     backend = reports.backend_name
     slabs = reports.slabs_per_device() if hasattr(reports, "slabs_per_device") else {}
-    empty = {"count": 0, "bytes": 0, "parity_bytes": 0, "used_bytes": 0, "objects": 0}
+    empty = {"count": 0, "bytes": 0, "parity_bytes": 0, "used_bytes": 0, "objects": 0,
+             "slack_bytes": 0, "fragmentation": 0.0}
     listed = [{**d.to_dict(), "backend": backend, "ours": ours.get(d.uuid, 0),
                "slabs": slabs.get(d.uuid, empty)} for d in reports.devices()]
     if backend == "host":          # memfd memory: there is no GPU to ask about

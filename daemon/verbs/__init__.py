@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from .checks import Checks
+from .compaction import CompactionVerbs
 from .copies import CopyVerbs
 from .data import DataVerbs
 from .durability import DurabilityVerbs
@@ -38,6 +39,7 @@ class Verbs:
     reports: Reports            # status, devices, quotas, the event log and its observers
     checks: Checks              # verify and repair, check, fault injection
     service: ServiceVerbs       # start, stop, the keeper's repairs
+    compaction: CompactionVerbs  # slabs compacted: by the administrator, by housekeeping
 
 
 __all__ = ["Verbs"]

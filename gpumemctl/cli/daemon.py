@@ -45,7 +45,8 @@ def status(json_: bool = False):
             output.data(f"  slabs: {slabs['count']} holding {slabs['objects']} small "
                         f"allocations, {format_size(slabs['used_bytes'])} used of "
                         f"{format_size(slabs['bytes'])} (+ {format_size(slabs['parity_bytes'])}"
-                        " parity)")
+                        f" parity); slack {format_size(slabs.get('slack_bytes', 0))}, "
+                        f"fragmentation {slabs.get('fragmentation', 0.0):.0%}")
     states = ", ".join(f"{n} {st}" for st, n in sorted(t["by_state"].items())) or "none"
     output.data(f"totals:   {t['allocations']} allocations ({states}), {t['durable']} durable, "
                 f"{format_size(t['size'])} in use, {t['sessions']} sessions")

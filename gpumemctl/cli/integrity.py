@@ -1,6 +1,7 @@
-"""`gpumemctl check|verify|recover|scrub|debug corrupt`: whether what is stored is whole, and
-its repair (docs/ecc.md): the registry's consistency, allocations against their parity now
-or in the background, and the fault injection that tests and drills damage them with.
+"""`gpumemctl check|verify|recover|scrub|compact|debug corrupt`: whether what is stored is
+whole, and its repair (docs/ecc.md): the registry's consistency, allocations against their
+parity now or in the background, the slabs compacted (docs/storage.md), and the fault
+injection that tests and drills damage them with.
 
 Exit status of each: 0 clean, 1 damage (or problems) found and all repaired, 8 damage left
 (`check`: 10 problems remain)."""
@@ -37,6 +38,39 @@ def check(repair: bool = False, json_: bool = False):
     if result["clean"]:
         return OK
     return REPAIRED if all(p["repaired"] for p in result["problems"]) else INVALID_STATE
+
+
+@commands.command("compact", dry_run=Opt("--dry-run", help="Say what would move; move nothing."),
+                  json_=JSON)
+def compact(dry_run: bool = False, json_: bool = False):
+    """Move small allocations out of sparse slabs into fuller ones of the same owner, and
+    free the slabs emptied (docs/storage.md). Root, the daemon's user or admin_group only.
+    Exit 0 (also when nothing could move), 6 not permitted."""
+    with connect() as c:
+        result = c.compact(dry_run=dry_run)
+    if want_json(json_):
+        output.emit_json(result)
+        return OK
+    verb = "would move" if result["dry_run"] else "moved"
+    for m in result["moved"]:
+        to = f"slab {m['to']['slab']}" + ("" if m["to"]["slot"] is None else
+                                          f" slot {m['to']['slot']}")
+        output.data(f"{verb} {m['path'] or '#' + str(m['id'])}: slab {m['from']['slab']} "
+                    f"slot {m['from']['slot']} -> {to}")
+    if result["moved_count"] > len(result["moved"]):
+        output.data(f"... and {result['moved_count'] - len(result['moved'])} more")
+    for k in result["skipped"]:
+        output.data(f"kept {k['path'] or '#' + str(k['id'])}: {k['reason']}")
+    for f in result["slabs_freed"]:
+        output.data(f"{'would free' if result['dry_run'] else 'freed'} slab {f['slab']} "
+                    f"(uid {f['uid']}, {format_size(f['class'])} slots): "
+                    f"{format_size(f['bytes'])} + {format_size(f['parity_bytes'])} parity")
+    output.data(f"compact: {verb} {result['moved_count']} allocations "
+                f"({format_size(result['moved_bytes'])}), "
+                f"{len(result['slabs_freed'])} slabs, "
+                f"{format_size(result['freed_bytes'])} "
+                f"{'would be given back' if result['dry_run'] else 'given back'}")
+    return OK
 
 
 def _verify_line(r: Verified) -> str:

@@ -31,7 +31,7 @@ from .declare import Arg, Command, Group, Opt
 # looks for first, not by the module that declares each.
 ORDER = ("ls", "create", "mkdir", "rm", "ln", "durable", "transient", "info", "revoke",
          "write", "read", "status", "load", "save", "metrics", "devices", "events", "check",
-         "verify", "recover", "top", "doctor", "scrub", "snapshot", "meta", "debug")
+         "verify", "recover", "top", "doctor", "scrub", "compact", "snapshot", "meta", "debug")
 
 
 def complete_name(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ CLI's start-up never pays for `typing`.
 """
 from __future__ import annotations
 
-from typing import Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 # ---- nodes (`ls`, `info`, `create`, ...) -----------------------------------------------------
 HolderKind = Literal["lease", "read", "write", "attach-r", "attach-w"]
@@ -115,12 +115,15 @@ class KeeperInfo(TypedDict, total=False):
 
 class SlabUse(TypedDict):
     """A device's slabs: how many, their bytes, their parity's, the bytes of the slots in
-    use and the small allocations in them (slack: bytes - used_bytes)."""
+    use and the small allocations in them, the slack (bytes - used_bytes) and the
+    fragmentation (1 - used / bytes over the slabs partly used, 0.0 to 1.0: docs/storage.md)."""
     count: int
     bytes: int
     parity_bytes: int
     used_bytes: int
     objects: int
+    slack_bytes: int
+    fragmentation: float
 
 
 class Device(TypedDict):
@@ -365,6 +368,22 @@ class CheckResult(TypedDict):
     checks: list[str]
     problems: list[Problem]
     repaired: bool
+
+
+class Compacted(TypedDict):
+    """`compact` (docs/protocol.md): objects moved (the first 1000; `moved_count` counts
+    all), each with its slab and slot before and after (`to.slot` null in a dry run),
+    objects of the slabs to empty left where they are and why, and the slabs emptied with
+    the bytes they gave back (data and parity). `path` is null for a caller who is not root
+    or the daemon's user."""
+    dry_run: bool
+    moved: list[dict[str, Any]]
+    moved_count: int
+    moved_bytes: int
+    skipped: list[dict[str, Any]]
+    skipped_count: int
+    slabs_freed: list[dict[str, Any]]
+    freed_bytes: int
 
 
 # ---- the rest ---------------------------------------------------------------------------------

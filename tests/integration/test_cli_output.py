@@ -117,6 +117,7 @@ HUMAN_RUNS = [
     ("info", "models/bad"), ("info", "models"), ("recover", "models/bad"),
     ("scrub", "start", "--wait"), ("scrub", "status"), ("scrub",), ("scrub", "stop"),
     ("scrub", "status"), ("check",), ("metrics",), ("doctor",), ("events", "-n", "1000"),
+    ("compact", "--dry-run"), ("compact",),
     ("mkdir", "extra"), ("create", "extra/x", "--size", "1M"), ("write", "extra/x", "IN"),
     ("read", "extra/x", "OUT"), ("durable", "extra/x"), ("transient", "extra/x"),
     ("revoke", "extra/x"), ("meta", "set", "extra/x", "k", "v"), ("meta", "ls", "extra/x"),

@@ -29,6 +29,7 @@ GOOD_ARGS: dict[str, dict] = {
     "attach": {"path": "a"}, "detach": {"handle": 1}, "seal": {"path": "a"},
     "export_dmabuf": {"path": "a"}, "status": {}, "devices": {}, "events": {},
     "subscribe": {}, "verify": {}, "recover": {"path": "a"}, "check": {}, "scrub": {},
+    "compact": {"dry_run": True},
     "debug_corrupt": {"path": "a", "offset": 0, "length": 1},
     "symlink": {"path": "link", "target": "a"}, "readlink": {"path": "link"},
     "link": {"path": "b", "target": "a"},

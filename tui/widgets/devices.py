@@ -1,5 +1,6 @@
 """The devices panel: per GPU, a memory bar split into our allocations, other users and
-free memory, then utilisation, temperature, power, ECC counters and remapped rows."""
+free memory (and the slabs' use and slack, where there are slabs), then utilisation,
+temperature, power, ECC counters and remapped rows."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -64,9 +65,20 @@ def device_line(d: Device) -> Text:
     line = Text(f"{d['index']} ", style="bold", no_wrap=True, overflow="ellipsis")
     line.append_text(bar(total, ours, others))
     line.append(f" ours {format_size(ours)}  other {format_size(others)}  "
-                f"free {format_size(free)} of {format_size(total)}  {d['name']}\n  ")
+                f"free {format_size(free)} of {format_size(total)}  {slab_use(d)}"
+                f"{d['name']}\n  ")
     line.append_text(telemetry(d))
     return line
+
+
+def slab_use(d: Device) -> str:
+    """Its slabs' use and slack (docs/storage.md), where it has slabs: "" otherwise."""
+    slabs = d.get("slabs") or {}
+    if not slabs.get("count"):
+        return ""
+    return (f"slabs {format_size(slabs.get('used_bytes', 0))}/"
+            f"{format_size(slabs.get('bytes', 0))} slack "
+            f"{format_size(slabs.get('slack_bytes', 0))}  ")
 
 
 def compact_line(d: Device) -> Text:
