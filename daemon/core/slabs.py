@@ -192,9 +192,9 @@ class Slabs:
 
     def slot_at(self, slab_id: int, offset: int, capacity: int) -> Slot:
         """The slot a registry row names, taken (at a restart). InternalError when the row
-        does not fit the slab: another class, out of bounds, or taken. (An allocation
-        chowned since it was placed stays in its first owner's slab: no slab is ever
-        exported to a client, docs/storage.md.)"""
+        does not fit the slab: another class, out of bounds, or taken. (A chown moves an
+        allocation out of its slab first, so a row's slab is its owner's: docs/storage.md,
+        "The export rule".)"""
         slab = self.backend.pool.slabs.get(slab_id)
         if slab is None:
             raise InternalError(f"slab {slab_id} is not held")
