@@ -421,6 +421,20 @@ def footer(fig: dict, rows: list[dict]) -> list[str]:
         f"mount removed by {stop.get('unmounted_by')}"]
 
 
+def finish(d, fig: dict, shm: str, base: str, keep: bool) -> None:
+    """A mount benchmark's end, also on an error: gpumemd stopped and its mount checked gone
+    (fig["stop"]), the tmpfs directory removed, and the daemon's directory unless it is
+    still mounted or `keep`."""
+    fig["stop"] = d.stop_and_clean()
+    shutil.rmtree(shm, ignore_errors=True)
+    if fig["stop"]["unmounted_by"] == "STILL MOUNTED":
+        say(f"{d.mnt} could not be unmounted; left {base} in place")
+    elif keep:
+        say(f"kept {base}")
+    else:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def print_table(fig: dict, rows: list[dict]) -> None:
     for line in header(fig):
         print(line)
@@ -500,14 +514,7 @@ def main(argv=None) -> int:
         core.show_log_tail(d)
         raise
     finally:
-        fig["stop"] = d.stop_and_clean()
-        shutil.rmtree(shm, ignore_errors=True)
-        if fig["stop"]["unmounted_by"] == "STILL MOUNTED":
-            say(f"{d.mnt} could not be unmounted; left {base} in place")
-        elif args.keep:
-            say(f"kept {base}")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
+        finish(d, fig, shm, base, args.keep)
     rows = rows_from(fig)
     core.emit(fig, rows, args.json, print_table)
     return 0

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import signal
 import statistics
 import sys
@@ -188,14 +187,7 @@ def main(argv=None) -> int:
         core.show_log_tail(d)
         raise
     finally:
-        fig["stop"] = d.stop_and_clean()
-        shutil.rmtree(shm, ignore_errors=True)
-        if fig["stop"]["unmounted_by"] == "STILL MOUNTED":
-            say(f"{d.mnt} could not be unmounted; left {base} in place")
-        elif args.keep:
-            say(f"kept {base}")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
+        fs.finish(d, fig, shm, base, args.keep)
     core.emit(fig, rows_from(fig), args.json, print_table)
     return 0
 
