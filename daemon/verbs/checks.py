@@ -4,7 +4,6 @@ injection (`debug corrupt`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
 from typing import Any
 
 from gpumemctl.protocol import PermissionDenied
@@ -16,7 +15,7 @@ from ..core.namespace import Namespace
 from ..core.nodes import Allocation
 from ..core.permissions import Credentials
 from ..registry import Registry
-from .plan import Breathe, Plan
+from .plan import Plan, breathing
 
 
 class Checks:
@@ -47,7 +46,7 @@ class Checks:
         """Verify (and repair) piece by piece (Integrity.verify_steps), breathing between
         pieces: the loop serves everyone else meanwhile. A repair rewrites bytes, so a cache
         of the old ones (the mount's pages) is dropped."""
-        total = yield from _breathing(self.integrity.verify_steps(alloc, repair, first_block))
+        total = yield from breathing(self.integrity.verify_steps(alloc, repair, first_block))
         if total.get("corrected") and not alloc.unlinked:
             self.ns.watchers.data_changed(alloc)
         return total
@@ -81,15 +80,3 @@ class Checks:
         thread while the loop goes on changing the registry."""
         return self.registry.integrity_errors_readonly()
 
-
-def _breathing(steps: Generator[int, None, dict]) -> Plan[dict]:
-    """Integrity.verify_steps's pieces as Breathe requests (each with the block reached)."""
-    try:
-        while True:
-            try:
-                block = next(steps)
-            except StopIteration as done:
-                return done.value
-            yield Breathe(block)
-    finally:
-        steps.close()

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Generator
 
 from ..core.compaction import Compaction, Pass
 from ..core.describe import shown_path
 from ..core.permissions import Credentials
-from .plan import Breathe, Plan
+from .plan import Plan, breathing
 
 # Housekeeping's pass runs when a device's slabs that compaction could act on (those holding
 # something, of kinds with several) have more slack than AUTO_SHARE of their bytes and more
@@ -33,7 +32,7 @@ class CompactionVerbs:
     def compact(self, cred: Credentials, dry_run: bool = False) -> Plan[dict]:
         """One pass over every slab kind (the caller checked who may ask): what moved, the
         slabs emptied and the bytes they gave back. `dry_run`: what would, moving nothing."""
-        done = yield from _breathing(self.compaction.steps(dry_run))
+        done = yield from breathing(self.compaction.steps(dry_run))
         self._after(done)
         return answer(done, cred)
 
@@ -52,7 +51,7 @@ class CompactionVerbs:
 
     def auto(self) -> Plan[dict]:
         """Housekeeping's pass: as `compact`, for the daemon, answering the counts only."""
-        done = yield from _breathing(self.compaction.steps(False))
+        done = yield from breathing(self.compaction.steps(False))
         self._after(done)
         return {"moved": done.moved_count, "slabs_freed": len(done.emptied),
                 "freed_bytes": sum(f["bytes"] + f["parity_bytes"] for f in done.freed)}
@@ -90,15 +89,3 @@ def answer(done: Pass, cred: Credentials) -> dict:
         "freed_bytes": sum(f["bytes"] + f["parity_bytes"] for f in done.freed),
     }
 
-
-def _breathing(steps: Generator[int, None, Pass]) -> Plan[Pass]:
-    """The core's slices as Breathe requests (each with the objects moved so far)."""
-    try:
-        while True:
-            try:
-                moved = next(steps)
-            except StopIteration as done:
-                return done.value
-            yield Breathe(moved)
-    finally:
-        steps.close()

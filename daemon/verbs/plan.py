@@ -59,6 +59,21 @@ class Breathe:
     reached: object = None
 
 
+def breathing(steps: Generator[object, None, T]) -> Plan[T]:
+    """A core unit's steps (a generator yielding where it is after each piece, returning
+    its result) as a plan that yields Breathe between the pieces: a verify's blocks, a
+    compaction's slices."""
+    try:
+        while True:
+            try:
+                reached = next(steps)
+            except StopIteration as done:
+                return done.value
+            yield Breathe(reached)
+    finally:
+        steps.close()
+
+
 @dataclasses.dataclass(frozen=True)
 class Exclusive:
     """Hold the lock `name` from here to the plan's end (yielded before its first step)."""
