@@ -10,6 +10,7 @@ from .backends import Backend
 from .backends.packed import PackedBackend
 from .core import usermeta
 from .core.adoption import Adoption
+from .core.arenas import Arenas
 from .core.compaction import Compaction
 from .core.creation import Creation
 from .core.custody import Custody
@@ -75,6 +76,7 @@ class Config:
     metadata_max_bytes: int = usermeta.DEFAULT_MAX_BYTES        # daemon/core/usermeta.py
     metadata_user_max_bytes: int = usermeta.DEFAULT_USER_MAX_BYTES
     slabs: bool = True                # config `slabs`: small allocations packed (storage.md)
+    parity_arenas: bool = True        # config `parity_arenas`: parity in spans (storage.md)
     compact_min_slack: int | None = 64 << 20   # config `compact_min_slack` (0: never by itself)
 
 
@@ -95,7 +97,8 @@ def build_core(registry: Registry, backend: Backend, keeper: Any, config: Config
     ns.resolver.mountpoint = config.mountpoint
     integrity = Integrity(registry, journal, backend)
     custody = Custody(registry, journal, backend, keeper, ns, integrity.parity,
-                      Slabs(registry, journal, backend, keeper))
+                      Slabs(registry, journal, backend, keeper),
+                      Arenas(registry, journal, backend, keeper, enabled=config.parity_arenas))
     holders = Holders(registry, journal)
     holders.max_per_uid = config.max_handles_per_uid
     quotas = Quotas(ns.allocations, config.quotas, kept=holders.unlinked_held,

@@ -293,6 +293,11 @@ KEYS: tuple[Key, ...] = (
         "docs/storage.md): a 4 KiB file takes 4 KiB and no descriptor of its own; false: "
         "every allocation has memory of its own, whole granules, as before", _bool,
         "--slabs"),
+    Key("parity_arenas", "boolean", "true",
+        "keep ECC parity in spans of shared parity arenas (issue 26, docs/storage.md): a "
+        "2 MiB allocation's parity takes 132 KiB and no descriptor of its own; false: each "
+        "allocation's and slab's parity is a buffer of its own, whole granules, as before",
+        _bool, "--parity-arenas"),
     Key("compact_min_slack", "size", "64M",
         "housekeeping compacts the slabs (`gpumemctl compact`, docs/storage.md) when a "
         "device's slabs have more free slots than this and than 25% of their bytes; 0: "
@@ -334,6 +339,7 @@ class Config:
     metadata_max_bytes: int | None = None
     metadata_user_max_bytes: int | None = None
     slabs: bool | None = None
+    parity_arenas: bool | None = None
     compact_min_slack: int | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
@@ -455,6 +461,8 @@ def apply(args, config: Config) -> None:
                                     else config.metadata_user_max_bytes)
     args.snapshot_dir = config.snapshot_dir
     args.slabs = args.slabs in (True, "on") if args.slabs is not None else True
+    args.parity_arenas = args.parity_arenas in (True, "on") \
+        if args.parity_arenas is not None else True
     args.compact_min_slack = 64 << 20 if config.compact_min_slack is None \
         else config.compact_min_slack
     args.snapshot_on_stop = bool(config.snapshot_on_stop)

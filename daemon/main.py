@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bytes the host backend may hand out (default: half of RAM)")
     p.add_argument("--slabs", choices=("on", "off"), default=None,
                    help="pack small allocations in slabs (default on; docs/storage.md)")
+    p.add_argument("--parity-arenas", choices=("on", "off"), default=None,
+                   help="keep ECC parity in shared parity arenas (default on; "
+                        "docs/storage.md)")
     p.add_argument("--log-level", default=None,
                    choices=("debug", "info", "warning", "error"),
                    help="least severe to log (default info)")
@@ -424,6 +427,7 @@ def _main(args, lines: ClientLines | None = None) -> int:
         fds_to_readers=args.cuda_fds_to_readers, mountpoint=mount_path,
         metadata_max_bytes=args.metadata_max_bytes,
         metadata_user_max_bytes=args.metadata_user_max_bytes, slabs=args.slabs,
+        parity_arenas=args.parity_arenas,
         compact_min_slack=args.compact_min_slack))
     if args.config_path:
         log.info("configuration read from %s", args.config_path)

@@ -190,6 +190,17 @@ SLAB_GAUGES = (
 )
 
 
+# A device's parity arenas (issue 26, docs/storage.md "Parity arenas").
+ARENA_GAUGES = (
+    ("count", "gpumemd_parity_arenas", "parity arenas on the device"),
+    ("bytes", "gpumemd_parity_arena_bytes", "bytes of the device's parity arenas"),
+    ("used_bytes", "gpumemd_parity_arena_used_bytes", "bytes of the parity arenas' spans "
+     "in use"),
+    ("spans", "gpumemd_parity_arena_spans", "parity spans in use: one per allocation with "
+     "ECC outside a slab, one per slab"),
+)
+
+
 def _device(r: Registry, dev: Device) -> None:
     labels = {"device": str(dev.get("uuid", "")), "index": str(dev.get("index", ""))}
     r.gauge("gpumemd_device_memory_total_bytes", "device memory (the backend's view)",
@@ -202,6 +213,10 @@ def _device(r: Registry, dev: Device) -> None:
     for key, name, help_ in SLAB_GAUGES:
         if isinstance(slabs.get(key), int | float):
             r.gauge(name, help_, slabs[key], **labels)
+    arenas: dict = dict(dev.get("parity_arenas") or {})
+    for key, name, help_ in ARENA_GAUGES:
+        if isinstance(arenas.get(key), int | float):
+            r.gauge(name, help_, arenas[key], **labels)
     for field, name, type_, help_, scale in NVML:
         value = dev.get(field)
         if not isinstance(value, int | float):      # None (NVML cannot say), or text

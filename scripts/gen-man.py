@@ -463,6 +463,7 @@ CONF_EXAMPLE = [
     'metadata_max_bytes = "512K"      # user metadata of one allocation or directory',
     'metadata_user_max_bytes = "64M"  # user metadata of all of one user\'s, together',
     "slabs = true                     # small allocations packed (the default; docs/storage.md)",
+    "parity_arenas = true             # parity in shared parity arenas (the default)",
     'compact_min_slack = "64M"        # slabs compacted past this much slack (and 25%)',
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",

@@ -36,14 +36,16 @@ def error_excerpt(log: str) -> str:
     return around + "\n[...]\n" + log[-2000:]
 
 
-SLABS_OFF = ["--slabs", "off"]
+# The layout before issue 26: memory and parity of its own per allocation.
+SLABS_OFF = ["--slabs", "off", "--parity-arenas", "off"]
 
 
 @pytest.fixture
 def daemon_factory(request):
     made: list[Daemon] = []
     # A test marked slabs_off asserts the layout of memory of its own per allocation
-    # (a granule each, a keeper deposit each): its daemons run with --slabs off.
+    # (a granule each, parity of its own, a keeper deposit each): its daemons run with
+    # --slabs off --parity-arenas off.
     slabs_off = request.node.get_closest_marker("slabs_off") is not None
 
     def make(start: bool = True, **kw) -> Daemon:

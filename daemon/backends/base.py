@@ -163,10 +163,11 @@ class Backend(abc.ABC, Generic[BufferT]):
 
     # ---- ECC: the codec runs where the memory is (daemon/core/parity.py) --------------------
     def ecc(self, op: str, data: BufferT, parity: BufferT, first: int, count: int,
-            total: int):
+            total: int, parity_offset: int = 0):
         """Run codec operation `op` (encode, verify, repair; see
         daemon/ecc/cpu.py) on blocks [first, first+count) of `data`, whose parity region
-        (sized for `total` blocks) is `parity`."""
+        (sized for `total` blocks) is `parity` from byte `parity_offset` on (a span of a
+        parity arena: daemon/backends/arenas.py)."""
         raise InvalidState(f"the {self.name} backend has no ECC codec")
 
     def export_dmabuf(self, buf: BufferT) -> int:

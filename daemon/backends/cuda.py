@@ -259,14 +259,14 @@ class CudaBackend(Backend[CudaBuffer]):
                 cudadrv.ctx_synchronize()
 
     def ecc(self, op: str, data: CudaBuffer, parity: CudaBuffer, first: int, count: int,
-            total: int):
+            total: int, parity_offset: int = 0):
         """The CUDA codec (daemon/ecc/gpu.py: NVRTC-compiled kernels, cached on disk) on
         the daemon's own mappings; where it cannot be built (no NVRTC), the numpy codec
         on host copies of the blocks."""
         from ..ecc.layout import BLOCK, CHECKSUM_BYTES, PARITY_BLOCK
         spans = ((data, first * BLOCK, count * BLOCK),
-                 (parity, first * PARITY_BLOCK, count * PARITY_BLOCK),
-                 (parity, total * PARITY_BLOCK + first * CHECKSUM_BYTES,
+                 (parity, parity_offset + first * PARITY_BLOCK, count * PARITY_BLOCK),
+                 (parity, parity_offset + total * PARITY_BLOCK + first * CHECKSUM_BYTES,
                   count * CHECKSUM_BYTES))
         codec = self._codec(data.index)
         if codec is not None:

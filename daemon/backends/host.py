@@ -160,7 +160,7 @@ class HostBackend(Backend[HostBuffer]):
         buf.capacity = capacity
 
     def ecc(self, op: str, data: HostBuffer, parity: HostBuffer, first: int, count: int,
-            total: int):
+            total: int, parity_offset: int = 0):
         """The numpy codec on views of the two mappings (no copies)."""
         import numpy as np
 
@@ -169,9 +169,9 @@ class HostBackend(Backend[HostBuffer]):
 
         views = (np.frombuffer(data.mapping(), np.uint8, count * BLOCK, first * BLOCK),
                  np.frombuffer(parity.mapping(), np.uint8, count * PARITY_BLOCK,
-                               first * PARITY_BLOCK),
+                               parity_offset + first * PARITY_BLOCK),
                  np.frombuffer(parity.mapping(), np.uint8, count * CHECKSUM_BYTES,
-                               total * PARITY_BLOCK + first * CHECKSUM_BYTES))
+                               parity_offset + total * PARITY_BLOCK + first * CHECKSUM_BYTES))
         try:
             return getattr(cpu, op)(*views)
         finally:

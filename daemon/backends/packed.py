@@ -8,9 +8,12 @@ stays in the core (daemon/core/slabs.py): here are the slabs in memory and their
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpumemctl.protocol import InternalError, InvalidState, round_up
 
 from ..ecc.layout import BLOCK, parity_bytes
+from .arenas import ArenaPool, ParitySpan
 from .base import Backend, Buffer, DeviceInfo
 from .slabs import Slab, Slot, SlotParity, size_class, slot_max
 
@@ -26,7 +29,8 @@ class PackedBackend(Backend):
     def __init__(self, raw: Backend, *, slabs: bool = True):
         self.raw = raw
         self.packing = slabs
-        self.pool = SlabPool(raw)
+        self.arenas = ArenaPool(raw)      # parity spans (daemon/backends/arenas.py)
+        self.pool = SlabPool(raw, self.arenas)
         # What the backend is, as plain attributes (a test may set them, as on a backend).
         self.name = raw.name
         self.fd_grants_write = raw.fd_grants_write
@@ -81,16 +85,22 @@ class PackedBackend(Backend):
             buf.tenant = None
             if buf.slab.retired and not buf.slab.used:
                 self.pool.drop_slab(buf.slab)
+        elif isinstance(buf, ParitySpan):
+            self.arenas.release(buf)
         elif not isinstance(buf, SlotParity):
             self.raw.free(buf)
             self._count_own(-1)
 
     def export(self, buf, writable: bool) -> int:
+        if isinstance(buf, ParitySpan):   # an arena holds every owner's parity
+            raise InternalError("a parity arena is never exported")
         return self.raw.export(_memory(buf), writable)
 
     def keeper_fds(self, buf) -> list[int]:
         if isinstance(buf, (Slot, SlotParity)):
             raise InternalError("a slot is kept with its slab, never on its own")
+        if isinstance(buf, ParitySpan):
+            raise InternalError("a parity span is kept with its arena, never on its own")
         return self.raw.keeper_fds(buf)
 
     def adopt(self, fds: list[int], capacity: int, device: str) -> Buffer:
@@ -120,17 +130,19 @@ class PackedBackend(Backend):
             raise InternalError("a slot cannot be resized in place")
         self.raw.resize_in_place(buf, capacity)
 
-    def ecc(self, op: str, data, parity, first: int, count: int, total: int):
+    def ecc(self, op: str, data, parity, first: int, count: int, total: int,
+            parity_offset: int = 0):
         """A slot's blocks are its slab's: object block i is slab block offset//BLOCK + i
         (a slot below a block has one block, the one it lies in)."""
         if not isinstance(data, Slot):
-            return self.raw.ecc(op, data, parity, first, count, total)
+            return self.raw.ecc(op, data, _memory(parity), first, count, total, _base(parity))
         slab = data.slab
         if slab.parity is None:
             raise InvalidState("this object's slab has no ECC parity")
         with slab.lock:
-            return self.raw.ecc(op, slab.data, slab.parity, data.offset // BLOCK + first,
-                                count, slab.blocks)
+            return self.raw.ecc(op, slab.data, _memory(slab.parity),
+                                data.offset // BLOCK + first, count, slab.blocks,
+                                _base(slab.parity))
 
     def export_dmabuf(self, buf) -> int:
         if isinstance(buf, Slot):
@@ -138,23 +150,36 @@ class PackedBackend(Backend):
         return self.raw.export_dmabuf(buf)
 
 
+def own_parity_bytes(slab: Slab) -> int:
+    """The bytes of a slab's parity buffer of its own (0: none, or a span of an arena,
+    counted with the arena)."""
+    return slab.parity.capacity if slab.parity is not None and \
+        not isinstance(slab.parity, ParitySpan) else 0
+
+
 def _memory(buf):
     if isinstance(buf, Slot):
         return buf.slab.data
+    if isinstance(buf, ParitySpan):
+        return buf.arena.data
     if isinstance(buf, SlotParity):
         raise InternalError("a slot's parity is its slab's; it is never addressed alone")
     return buf
 
 
 def _base(buf) -> int:
-    return buf.offset if isinstance(buf, Slot) else 0
+    return buf.offset if isinstance(buf, (Slot, ParitySpan)) else 0
 
 
 class SlabPool:
     """The slabs in memory, by id and by kind, and their memory's life."""
 
-    def __init__(self, raw: Backend):
+    def __init__(self, raw: Backend, arenas: ArenaPool | None = None):
         self.raw = raw
+        self.arenas = arenas
+        # Where a new slab's parity comes from: (device, parity bytes, blocks) -> a span of a
+        # parity arena (daemon/core/arenas.py sets it); None: a buffer of its own.
+        self.parity_span: Callable[[str, int, int], ParitySpan | None] | None = None
         self.slabs: dict[int, Slab] = {}
         self._by_key: dict[tuple, list[Slab]] = {}
         self._last: dict[tuple, Slab] = {}    # per kind, the slab find_slot last took from
@@ -191,15 +216,26 @@ class SlabPool:
             if not self.raw.fresh_memory_is_zero:
                 self.raw.zero(data, 0, nbytes)
             if ecc == "rs":
-                parity = self.raw.allocate(self.slab_parity_bytes(nbytes, ecc), device,
-                                           label=f"slab{slab_id}#parity")
-                if not self.raw.fresh_memory_is_zero:
-                    self.raw.zero(parity, 0, parity.capacity)
-                parity.blocks = nbytes // BLOCK
+                parity = self._new_parity(slab_id, device, nbytes)
         except BaseException:
             self.raw.free(data)
             raise
         return self.add_slab(Slab(slab_id, uid, device, ecc, slot, data, parity))
+
+    def _new_parity(self, slab_id: int, device: str, nbytes: int):
+        """Zeroed parity for a new slab of `nbytes` (zero data has zero parity): a span of
+        a parity arena where one is given, else a buffer of its own."""
+        span = self.parity_span(device, parity_bytes(nbytes), nbytes // BLOCK) \
+            if self.parity_span is not None else None
+        if span is not None:
+            self.raw.zero(span.arena.data, span.offset, span.offset + span.capacity)
+            return span
+        parity = self.raw.allocate(self.slab_parity_bytes(nbytes, "rs"), device,
+                                   label=f"slab{slab_id}#parity")
+        if not self.raw.fresh_memory_is_zero:
+            self.raw.zero(parity, 0, parity.capacity)
+        parity.blocks = nbytes // BLOCK
+        return parity
 
     def slab_parity_bytes(self, nbytes: int, ecc: str) -> int:
         if ecc != "rs":
@@ -219,7 +255,10 @@ class SlabPool:
             raise InternalError(f"slab {slab.id} still holds {len(slab.used)} objects")
         self._unlist(slab)
         self.raw.free(slab.data)
-        if slab.parity is not None:
+        if isinstance(slab.parity, ParitySpan):
+            assert self.arenas is not None
+            self.arenas.release(slab.parity)    # its row went first: no row names the span
+        elif slab.parity is not None:
             self.raw.free(slab.parity)
 
     def retire_slab(self, slab: Slab) -> None:
@@ -243,8 +282,7 @@ class SlabPool:
         """Device UUID -> the bytes the slabs hold there (data and parity)."""
         out: dict[str, int] = {}
         for s in self.slabs.values():
-            parity = s.parity.capacity if s.parity is not None else 0
-            out[s.device] = out.get(s.device, 0) + s.capacity + parity
+            out[s.device] = out.get(s.device, 0) + s.capacity + own_parity_bytes(s)
         return out
 
     def use_per_device(self) -> dict[str, dict]:
@@ -272,9 +310,11 @@ class SlabPool:
         return out
 
     def slab_fds(self, uid: int | None = None) -> int:
-        """Descriptors the slabs (of `uid`; None: all) hold in gpumemd: data and parity."""
-        return sum(1 + (s.parity is not None) for s in self.slabs.values()
-                   if uid is None or s.uid == uid)
+        """Descriptors the slabs (of `uid`; None: all) hold in gpumemd: data and parity of
+        its own; with every uid's, the parity arenas' too."""
+        own = sum(1 + (own_parity_bytes(s) > 0) for s in self.slabs.values()
+                  if uid is None or s.uid == uid)
+        return own + (len(self.arenas.arenas) if uid is None and self.arenas else 0)
 
     def slot_parity(self, slot: Slot) -> SlotParity | None:
         return SlotParity(slot.slab, slot.offset) if slot.slab.parity is not None else None

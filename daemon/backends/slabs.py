@@ -92,9 +92,11 @@ class Slab:
         self.emptied_at = None
         return slot
 
-    def take_adopted(self, offset: int) -> Slot:
-        """The slot a registry row names, at a restart; settle() once all are taken."""
-        slot = Slot(slab=self, offset=offset, capacity=self.slot, device=self.device)
+    def take_adopted(self, offset: int, tenant: object = None) -> Slot:
+        """The slot a registry row names, at a restart, with its `tenant` (the allocation);
+        settle() once all are taken."""
+        slot = Slot(slab=self, offset=offset, capacity=self.slot, device=self.device,
+                    tenant=tenant)
         self.used[offset] = slot
         return slot
 

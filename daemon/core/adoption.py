@@ -19,9 +19,11 @@ from collections.abc import Callable
 
 from gpumemctl.protocol import InternalError, InvalidState
 
+from ..backends.arenas import ParitySpan
 from ..backends.packed import PackedBackend
-from ..ecc.layout import BLOCK
+from ..ecc.layout import BLOCK, parity_bytes
 from ..registry import Registry
+from .arenas import ARENA_KEY_BASE, is_arena_key
 from .custody import Custody
 from .journal import Journal
 from .namespace import Namespace
@@ -50,6 +52,7 @@ class Adoption:
         self.ns = namespace
         self.parity = parity
         self.custody = custody      # deposits and frees, in its crash-safe order
+        self.arenas = custody.arenas
 
     # ---- start-up: what the keeper holds against what the registry lists -------------------
     def reconcile_at_start(self, orphans: str,
@@ -66,6 +69,7 @@ class Adoption:
         kept = self.keeper.fetch_all()
         metas = self.keeper.entries()
         strays = self.take_strays(kept, metas, orphans)
+        self.arenas.adopt_all(kept)      # the arena keys leave `kept`, before the slabs
         slabs_lost = self.custody.slabs.adopt_all(kept)     # the slab keys leave `kept`
         summary = {"adopted": 0, "lost": 0, "orphans_freed": 0, "orphans_adopted": 0,
                    "transients_dropped": 0}
@@ -75,11 +79,14 @@ class Adoption:
             interrupted = [r for r in self.registry.holders.load()
                            if r["kind"] in WRITER_KINDS]
             self.registry.holders.clear()
-            node_keys = [abs(k) for k in [*kept, *strays] if not is_slab_key(k)]
+            node_keys = [abs(k) for k in [*kept, *strays]
+                         if not is_slab_key(k) and not is_arena_key(k)]
             if node_keys:           # no new id may alias a key the keeper holds
                 self.ns.ids.reserve_up_to(max(node_keys))
             self._adopt_listed(kept, summary, slabs_lost)
             self.custody.slabs.settle()
+            self.arenas.settle({a.id for a in self.ns.allocations()
+                                if isinstance(a.parity, ParitySpan)})
             for key, fds in kept.items():
                 self.free_orphan(key, fds)
                 summary["orphans_freed"] += 1
@@ -154,28 +161,39 @@ class Adoption:
         if orphans not in POLICIES:
             raise ValueError(f"unknown orphans policy {orphans!r}")
         listed = {a.id for a in self.ns.allocations()}
-        foreign, why = classify({k: v for k, v in kept.items() if not is_slab_key(k)}, metas,
-                                listed, self.registry.identity.instance,
+        nodes = {k: v for k, v in kept.items() if not is_slab_key(k) and not is_arena_key(k)}
+        foreign, why = classify(nodes, metas, listed, self.registry.identity.instance,
                                 self.registry.created, self.registry.identity.last_node_id())
-        # Slabs the same way, in their own id space (the slabs table's AUTOINCREMENT).
-        slab_rows = {SLAB_KEY_BASE + i for i in self.registry.slabs.ids()}
-        slab_foreign, slab_why = classify(
-            {k - SLAB_KEY_BASE: v for k, v in kept.items() if is_slab_key(k)},
-            {k - SLAB_KEY_BASE: m for k, m in (metas or {}).items() if is_slab_key(k)}
-            if metas is not None else None,
-            {k - SLAB_KEY_BASE for k in slab_rows}, self.registry.identity.instance,
-            self.registry.created, self.registry.slabs.last_id())
-        foreign |= {SLAB_KEY_BASE + i for i in slab_foreign}
-        why = "; ".join(dict.fromkeys(w for w in (why, slab_why) if w))
-        if foreign and orphans == "refuse":
-            count, nbytes = held(kept, metas, foreign)
+        reasons = [why]
+        # Slabs and parity arenas the same way, each in its own id space (its table's
+        # AUTOINCREMENT).
+        rows = {SLAB_KEY_BASE + i for i in self.registry.slabs.ids()} | \
+            {ARENA_KEY_BASE + i for i in self.registry.arenas.ids()}
+        for base, member, table in ((SLAB_KEY_BASE, is_slab_key, self.registry.slabs),
+                                    (ARENA_KEY_BASE, is_arena_key, self.registry.arenas)):
+            space_foreign, space_why = classify(
+                {k - base: v for k, v in kept.items() if member(k)},
+                {k - base: m for k, m in metas.items() if member(k)}
+                if metas is not None else None,
+                {k - base for k in rows if member(k)}, self.registry.identity.instance,
+                self.registry.created, table.last_id())
+            foreign |= {base + i for i in space_foreign}
+            reasons.append(space_why)
+        why = "; ".join(dict.fromkeys(w for w in reasons if w))
+        # Parity arenas alone are no one's data: refused with the allocations they protect,
+        # and never counted as allocations.
+        if any(not is_arena_key(k) for k in foreign) and orphans == "refuse":
+            count, nbytes = held(kept, metas, {k for k in foreign if not is_arena_key(k)})
             for fds in kept.values():
                 for fd in fds:
                     os.close(fd)
             raise OrphansHeld(count, nbytes, self.registry.path, why)
         if orphans != "refuse":
-            foreign |= {k for k in kept if (k not in slab_rows if is_slab_key(k)
-                                            else abs(k) not in listed)}
+            # (an arena the registry does not list holds parity only: Arenas.adopt_all
+            # frees it; it is no one's data to re-register)
+            foreign |= {k for k in kept if not is_arena_key(k) and
+                        (k not in rows if is_slab_key(k) else abs(k) not in listed)}
+            foreign -= {k for k in foreign if is_arena_key(k)}
         if foreign:
             log.warning("the keeper holds %d entr%s that registry %s does not list (%s); "
                         "%s them as told", len(foreign), "y" if len(foreign) == 1 else "ies",
@@ -233,13 +251,13 @@ class Adoption:
         copy the keeper still holds under the id (a move into the slot that committed
         before its withdraw) stays in `kept`, freed as crash residue."""
         try:
-            alloc.buffer = self.custody.slabs.slot_at(slab_id, offset, alloc.capacity or 0)
+            slot = self.custody.slabs.slot_at(slab_id, offset, alloc.capacity or 0, alloc)
         except InternalError as exc:
             self._mark_lost(alloc, slabs_lost.get(slab_id) or str(exc))
             return False
-        self.custody.bind(alloc)
+        alloc.buffer = slot        # its tenant already (Custody.bind's link, made by slot_at)
         if alloc.ecc == "rs":
-            alloc.parity = self.backend.pool.slot_parity(alloc.buffer)
+            alloc.parity = self.backend.pool.slot_parity(slot)
         if alloc.state in ("lost", "pending"):
             alloc.state = "ready"
             self.registry.nodes.update(alloc.id, state="ready")
@@ -259,20 +277,33 @@ class Adoption:
             self.journal.event("adopt", None, None, slab=slab_id, objects=count)
 
     def _adopt_parity(self, alloc: Allocation, fds: list[int]) -> None:
-        """Take back the parity the keeper kept; a missing or wrong-sized one is rebuilt
-        from the data by Integrity.settle."""
-        if not fds:
-            return
+        """Take back the parity the keeper kept (a buffer of its own), or the span of a
+        parity arena the registry names; a missing or wrong-sized one is rebuilt from the
+        data by Integrity.settle."""
         if alloc.ecc != "rs":
             for fd in fds:
                 os.close(fd)
             return
+        if not fds:
+            self._claim_span(alloc)
+            return
         try:
-            alloc.parity = self.backend.adopt(fds, self.parity.size_for(alloc),
+            alloc.parity = self.backend.adopt(fds, self.parity.own_size_for(alloc),
                                               alloc.device or "")
             alloc.parity.blocks = (alloc.capacity or 0) // BLOCK
         except Exception as exc:  # noqa: BLE001 - rebuilt from the data instead
             log.warning("kept parity of '%s' unusable (%s); rebuilding it", alloc.path, exc)
+
+    def _claim_span(self, alloc: Allocation) -> None:
+        where = self.arenas.span_of(alloc.id)
+        if where is None:
+            return
+        capacity = alloc.capacity or 0
+        alloc.parity = self.arenas.claim(where, parity_bytes(capacity), capacity // BLOCK)
+        if alloc.parity is None:
+            log.warning("the parity span of '%s' (arena %d, offset %d, %d bytes) is not "
+                        "held, not the size its capacity needs, or claimed twice; "
+                        "rebuilding it from the data", alloc.path, *where)
 
     def _mark_lost(self, alloc: Allocation, reason: str) -> None:
         alloc.state = "lost"
@@ -350,7 +381,7 @@ class Adoption:
         hold exactly the durable allocations: withdraw every other key, then hand it every
         durable allocation again. Returns (withdrawn, redeposited)."""
         durable = {a.id for a in self.ns.allocations() if a.kept}
-        durable |= self.custody.slabs.keys()
+        durable |= self.custody.slabs.keys() | self.arenas.keys()
         extra = [key for key in self.keeper.keys() if key not in durable]
         for key in extra:
             self.keeper.withdraw(key)
@@ -359,6 +390,7 @@ class Adoption:
     def redeposit_all(self, action: str = "restarted") -> int:
         """After a keeper restart (or stall): hand it every slab and every durable
         allocation of memory of its own again (a count of the allocations)."""
+        self.arenas.redeposit_all()
         self.custody.slabs.redeposit_all()
         count = 0
         for alloc in self.ns.allocations():

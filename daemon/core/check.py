@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 
+from ..backends.arenas import is_span
 from ..backends.slabs import Slot, placement
 from ..keeper.link import KeeperGone
 from ..registry import Registry, stored_name
+from .arenas import ARENA_KEY_BASE
 from .custody import Custody
 from .holders import MOUNT_KINDS
 from .namespace import Namespace
@@ -171,6 +173,7 @@ class Checker:
         wanted = {a.id: a for a in self.ns.allocations()
                   if a.kept and not isinstance(a.buffer, Slot)}
         kept -= {SLAB_KEY_BASE + slab_id for slab_id in self.custody.backend.pool.slabs}
+        kept -= self.custody.arenas.keys()        # check_parity_arenas says more
         for key in sorted(set(wanted) - kept):
             self._problem("keeper", f"durable '{wanted[key].path}' (id {key}) is not held by "
                           "the keeper: a daemon crash now would lose it",
@@ -209,6 +212,46 @@ class Checker:
                                           not buf.slab.fits(buf.offset)):
                 self._problem("slabs", f"'{alloc.path}' (id {alloc.id}) is not a used slot "
                               f"of slab {buf.slab.id} at offset {buf.offset}")
+
+    def check_parity_arenas(self) -> None:
+        """Every parity arena in memory has its row and the keeper holds it; every slab and
+        kept allocation whose parity is a span has that span in its row (a restart finds
+        its parity there: docs/storage.md, "Parity arenas"). Repairs deposit the arenas
+        again and write the rows."""
+        arenas = self.custody.arenas
+        rows = self.registry.arenas.ids()
+        for arena_id in sorted(set(arenas.pool.arenas) - rows):
+            self._problem("parity_arenas", f"parity arena {arena_id} is held but has no "
+                          "registry row")
+        try:
+            kept = set(self.keeper.keys())
+        except KeeperGone:
+            kept = None                      # check_keeper_holds_durable says so
+        if kept is not None and arenas.keys() - kept:
+            self._problem("parity_arenas", "the keeper does not hold parity arenas "
+                          f"{sorted(k - ARENA_KEY_BASE for k in arenas.keys() - kept)}: a "
+                          "daemon crash now would lose their parity", arenas.redeposit_all)
+        spans = self.registry.arenas.spans()
+        for alloc in self.ns.allocations():
+            span = alloc.parity
+            if alloc.kept and is_span(span) and not isinstance(alloc.buffer, Slot) and \
+                    spans.get(alloc.id) != span.where and alloc.id not in arenas.owed:
+                self._problem("parity_arenas", f"'{alloc.path}' (id {alloc.id}) has its "
+                              f"parity at {span.where} (arena, offset, bytes), its row says "
+                              f"{spans.get(alloc.id)}", lambda a=alloc: self._rewrite_span(a))
+        slab_rows = {r["id"]: r for r in self.registry.slabs.load()}
+        for slab in self.custody.backend.pool.slabs.values():
+            row = slab_rows.get(slab.id)
+            if row is not None and is_span(slab.parity) and \
+                    (row["parity_arena"], row["parity_offset"]) != \
+                    (slab.parity.arena.id, slab.parity.offset):
+                self._problem("parity_arenas", f"slab {slab.id} has its parity at "
+                              f"{(slab.parity.arena.id, slab.parity.offset)}, its row says "
+                              f"{(row['parity_arena'], row['parity_offset'])}")
+
+    def _rewrite_span(self, alloc: Allocation) -> None:
+        with self.registry.transaction(durable=True):
+            self.custody.arenas.note(alloc)
 
     def _rewrite_placement(self, alloc: Allocation) -> None:
         with self.registry.transaction(durable=True):

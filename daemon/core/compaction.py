@@ -42,7 +42,7 @@ import time
 from collections.abc import Generator
 from typing import Any
 
-from ..backends.packed import PackedBackend
+from ..backends.packed import PackedBackend, own_parity_bytes
 from ..backends.slabs import Slab, Slot, SlotParity, placement
 from ..ecc.layout import BLOCK
 from ..registry import Registry
@@ -91,8 +91,9 @@ class Pass:
 
 
 def slab_bytes(slab: Slab) -> int:
-    """What freeing `slab` gives back: its data and its parity."""
-    return slab.capacity + (slab.parity.capacity if slab.parity is not None else 0)
+    """What freeing `slab` gives back to the device: its data, and its parity where that
+    is a buffer of its own (a span goes back to its parity arena)."""
+    return slab.capacity + own_parity_bytes(slab)
 
 
 class Compaction:
@@ -338,7 +339,7 @@ class Compaction:
     def _freed(slab: Slab) -> dict:
         return {"slab": slab.id, "uid": slab.uid, "device": slab.device, "ecc": slab.ecc,
                 "class": slab.slot, "bytes": slab.capacity,
-                "parity_bytes": slab.parity.capacity if slab.parity is not None else 0}
+                "parity_bytes": own_parity_bytes(slab)}
 
     # ---- when housekeeping runs a pass ------------------------------------------------------
     def slack(self) -> dict[str, tuple[int, int]]:

@@ -27,10 +27,12 @@ from collections.abc import Callable
 
 from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory
 
+from ..backends.arenas import ParitySpan
 from ..backends.packed import PackedBackend
 from ..backends.slabs import Slot, SlotParity
 from ..keeper.link import FdStoreFull, KeeperGone, KeeperStalled
 from ..registry import Registry
+from .arenas import Arenas
 from .fdbudget import FdBudget, fds_for
 from .journal import Journal
 from .namespace import Namespace
@@ -67,9 +69,16 @@ class Prepared:
 
 class Custody:
     def __init__(self, registry: Registry, journal: Journal, backend: PackedBackend, keeper,
-                 namespace: Namespace, parity: Parity, slabs: Slabs | None = None):
+                 namespace: Namespace, parity: Parity, slabs: Slabs | None = None,
+                 arenas: Arenas | None = None):
         self.slabs = slabs if slabs is not None else Slabs(registry, journal, backend, keeper)
         self.slabs.require_fds = self.require_fds
+        # Parity in spans of shared arenas: an allocation's (Parity) and a new slab's. None:
+        # every parity region a buffer of its own (the composition root turns them on).
+        self.arenas = arenas if arenas is not None else \
+            Arenas(registry, journal, backend, keeper, enabled=False)
+        parity.arenas = self.slabs.arenas = self.arenas
+        backend.pool.parity_span = self._slab_parity
         self.registry = registry
         self.journal = journal
         self.backend = backend
@@ -77,6 +86,10 @@ class Custody:
         self.ns = namespace
         self.parity = parity
         self.fds: FdBudget | None = None      # gpumemd's descriptor budget (main.py sets it)
+
+    def _slab_parity(self, device: str, nbytes: int, blocks: int) -> ParitySpan | None:
+        """A new slab's parity: a span where arenas are on and it fits."""
+        return self.arenas.take(device, nbytes, blocks) if self.arenas.fits(nbytes) else None
 
     def require_fds(self, uid: int | None, ecc: str) -> None:
         """NoMemory unless the descriptors a new allocation of `uid` will hold fit gpumemd's
@@ -92,7 +105,7 @@ class Custody:
         if uid is not None and self.backend.packs(capacity, dev):
             return self.slabs.place(uid, dev.uuid, ecc, capacity)
         self.require_fds(None, ecc)
-        self.backend.check_free(dev, capacity + self.parity.extra(ecc, dev, capacity),
+        self.backend.check_free(dev, capacity + self.parity.extra_for(ecc, dev, capacity),
                                 requested=size)
         return self.backend.allocate(capacity, dev.uuid, label=label)
 
@@ -115,11 +128,14 @@ class Custody:
     def handover(self, alloc: Allocation) -> Deposit | None:
         """What depositing `alloc` sends, its fds taken now (on the event loop): send() may
         then run on a worker thread while the loop goes on. None for a slot (its slab is
-        kept already)."""
+        kept already). A parity span is its arena's, kept already: the registry records
+        where it is (Arenas.note)."""
         if isinstance(alloc.buffer, Slot):
             return None
+        # where its parity is, recorded with the change that hands the keeper its memory
+        self.arenas.note(alloc, in_tree=self.ns.node_or_none(alloc.id) is alloc)
         fds = self.backend.keeper_fds(alloc.buffer)
-        if alloc.parity is not None and not isinstance(alloc.parity, SlotParity):
+        if alloc.parity is not None and not isinstance(alloc.parity, (SlotParity, ParitySpan)):
             fds += self.backend.keeper_fds(alloc.parity)
         return Deposit(alloc.id, f"make '{alloc.path or alloc.name}' durable", fds,
                        {"capacity": alloc.capacity, "device": alloc.device,
@@ -240,7 +256,7 @@ class Custody:
     def _footprint(self, dev, size: int, ecc: str) -> int:
         """Bytes an allocation of `size` takes on `dev`: its capacity and its ECC parity."""
         capacity = self.backend.capacity_for(dev, max(size, 1))
-        return capacity + self.parity.extra(ecc, dev, capacity)
+        return capacity + self.parity.extra_for(ecc, dev, capacity)
 
     def allocate_pending(self, alloc: Allocation, dev, size: int,
                           capacity: int, commit: Callable[[], None]) -> None:
@@ -248,7 +264,7 @@ class Custody:
         commit leaves the row pending and the keeper's copy an orphan the next start frees."""
         if not self.backend.packs(capacity, dev):
             self.require_fds(alloc.uid, alloc.ecc)
-            self.backend.check_free(dev, capacity + self.parity.extra(alloc.ecc, dev,
+            self.backend.check_free(dev, capacity + self.parity.extra_for(alloc.ecc, dev,
                                                                       capacity), requested=size)
         alloc.buffer = self.allocate(dev, size, capacity, alloc.ecc, alloc.path,
                                      uid=alloc.uid)

@@ -101,6 +101,8 @@ class Integrity:
         self.journal = journal
         self.backend = backend
         self.parity = Parity(backend)
+        # Settles the parity a mount file's close left to a later pass (Sizing.pending).
+        self.settle_pending: Callable[[Allocation], None] = lambda alloc: None
 
     def writes_begin(self, alloc: Allocation) -> None:
         """Before the first write since the last sync to a protected durable allocation:
@@ -175,6 +177,7 @@ class Integrity:
         if alloc.ecc != "rs" or alloc.state not in ("ready", "degraded"):
             total["skipped_reason"] = "no ECC" if alloc.ecc != "rs" else alloc.state
             return total
+        self.settle_pending(alloc)        # judged, rather than skipped as unsettled
         block = first_block
         reached_end = False
         while True:

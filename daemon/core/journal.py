@@ -47,6 +47,9 @@ class Journal:
         # How to take back each in-memory change of the open transaction, newest last.
         self._undo_log: list[Callable[[], None]] = []
         self._after_commit: list[Callable[[], object]] = []   # on_commit's steps
+        # Steps each outer change runs first, inside it: rows owed by work done outside any
+        # change (daemon/core/arenas.py's span rows), written with the next commit.
+        self.owed_steps: list[Callable[[], None]] = []
 
     # ---- the unit of work ---------------------------------------------------------------
     @property
@@ -64,6 +67,9 @@ class Journal:
             self._undo_log = []
         try:
             with self.registry.transaction(durable=durable, batch=batch):
+                if outer:
+                    for owed in self.owed_steps:
+                        owed()
                 yield
         except BaseException as exc:
             if outer:

@@ -100,6 +100,11 @@ class Lifecycle:
         self.require_durability_change(alloc, cred)
         if alloc.durable == durable:
             return
+        if durable:
+            # A transient neighbour's pending parity in this slot's block (Sizing.pending)
+            # is settled first: a durable allocation must never share a block whose parity
+            # a crash would leave stale without a WRITING mark.
+            self.integrity.settle_pending(alloc)
         with self.journal.change(durable=True):
             self.journal.keep(alloc, "durable", "changed_ns")
             alloc.durable = durable

@@ -1,10 +1,13 @@
 """Parity for allocations with ECC on (`ecc == "rs"`): where it lives, when it is brought up
 to date, and verify/repair (docs/ecc.md).
 
-Each protected allocation has a second backend buffer, its parity region: RS(136,128)
-parity of every 128 KiB block, then one checksum per block (daemon/ecc/layout.py). The
-keeper holds it beside the data (the allocation's fds are [data, parity]). Only the blocks
-that hold bytes below the size are protected; bytes past the size are undefined.
+Each protected allocation has a parity region: RS(136,128) parity of every 128 KiB block,
+then one checksum per block (daemon/ecc/layout.py). The region is a span of a parity arena
+(daemon/backends/arenas.py, kept by the keeper whole: daemon/core/arenas.py), or, for
+parity above SPAN_MAX_BYTES, with `parity_arenas = false`, or made before schema 13, a
+backend buffer of its own that the keeper holds beside the data (the allocation's fds are
+then [data, parity]). A slot's is its slab's. Only the blocks that hold bytes below the size
+are protected; bytes past the size are undefined.
 
 The codec runs where the memory is: the backend's `ecc()` (numpy on the host backend, CUDA
 kernels on the cuda backend). Work is cut into pieces of at most `chunk_blocks` blocks, so
@@ -14,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from gpumemctl.protocol import InternalError, round_up
 
+from ..backends.arenas import ParitySpan, span_bytes
 from ..backends.slabs import Slot, SlotParity
 from ..ecc.layout import (
     BLOCK,
@@ -29,6 +34,9 @@ from ..ecc.layout import (
     parity_bytes,
 )
 from .nodes import Allocation
+
+if TYPE_CHECKING:
+    from .arenas import Arenas
 
 log = logging.getLogger("gpumemd")
 
@@ -54,38 +62,60 @@ def block_range(start: int, end: int) -> range:
 class Parity:
     def __init__(self, backend, chunk_blocks: int | None = None):
         self.backend = backend
+        # daemon/core/arenas.py's Arenas (Custody sets it); None: every parity region is a
+        # buffer of its own
+        self.arenas: Arenas | None = None
         # Pieces of about 10 ms: the host's numpy codec does ~100-200 MB/s, a GPU ~1 TB/s.
         self.chunk_blocks = chunk_blocks or (8 if backend.name == "host" else 8192)
 
     # ---- the parity buffer --------------------------------------------------------------
     def size_for(self, alloc: Allocation) -> int:
-        return self.extra(alloc.ecc, self.backend.device(alloc.device), capacity_of(alloc))
+        return self.extra_for(alloc.ecc, self.backend.device(alloc.device), capacity_of(alloc))
+
+    def extra_for(self, ecc: str, dev, capacity: int) -> int:
+        """Memory the parity of an allocation of `capacity` on `dev` takes (0: no ECC): a
+        span's pages in an arena where it fits one, else `extra`."""
+        nbytes = parity_bytes(capacity) if ecc == "rs" and not capacity % BLOCK else 0
+        if nbytes and self.arenas is not None and self.arenas.fits(nbytes):
+            return span_bytes(nbytes)
+        return self.extra(ecc, dev, capacity)
 
     @staticmethod
     def extra(ecc: str, dev, capacity: int) -> int:
-        """Memory the parity of an allocation of `capacity` on `dev` takes (0: no ECC); a
-        slot's is its share of its slab's parity."""
+        """Memory the parity of an allocation of `capacity` on `dev` takes (0: no ECC) as a
+        buffer of its own; a slot's is its share of its slab's parity."""
         if ecc != "rs":
             return 0
         if capacity % BLOCK:
             return capacity // 16
         return round_up(parity_bytes(capacity), dev.granularity)
 
+    def own_size_for(self, alloc: Allocation) -> int:
+        """The bytes of a parity buffer of its own for the allocation (the keeper's, at a
+        restart: granules, as the backend made it)."""
+        dev = self.backend.device(alloc.device)
+        return round_up(parity_bytes(capacity_of(alloc)), dev.granularity)
+
     def fits(self, alloc: Allocation) -> bool:
         """Whether the allocation's parity region is the one its memory needs: its slab's
-        for a slot (kept with the slab), else one laid out for its capacity."""
+        for a slot (kept with the slab), else a span or a buffer of its own laid out for
+        its capacity (one of its own made before the arenas stays until it must change)."""
         parity, buf = alloc.parity, alloc.buffer
         if isinstance(buf, Slot):
             return isinstance(parity, SlotParity) and parity.slab is buf.slab and \
                 parity.offset == buf.offset
-        return parity is not None and not isinstance(parity, SlotParity) and \
-            parity.capacity == self.size_for(alloc) and \
-            parity.blocks == (alloc.capacity or 0) // BLOCK
+        if parity is None or isinstance(parity, SlotParity) or \
+                parity.blocks != (alloc.capacity or 0) // BLOCK:
+            return False
+        if isinstance(parity, ParitySpan):
+            return parity.capacity == span_bytes(parity_bytes(capacity_of(alloc)))
+        return parity.capacity == self.own_size_for(alloc)
 
     def wanted(self, alloc: Allocation) -> bool:
         return alloc.ecc == "rs" and alloc.buffer is not None
 
-    def ensure(self, alloc: Allocation, fresh: bool = False, keep_below: int = 0) -> bool:
+    def ensure(self, alloc: Allocation, fresh: bool = False, keep_below: int = 0,
+               encode: bool = True) -> bool:
         """Give the allocation a parity region of the right size for its capacity, up to
         date with the data. Returns True when a new region was made (the keeper must get
         it).
@@ -95,31 +125,53 @@ class Parity:
           checksum of a zero block are zero), so nothing is encoded.
         - `keep_below`: a byte offset below which the data did not change (a resize): the
           old region's parity and checksums of the whole blocks there are carried over,
-          and only the blocks from there on are encoded."""
+          and only the blocks from there on are encoded.
+        - `encode` False, for a slot: the slab's parity is taken without encoding the slot's
+          blocks (a write follows at once and marks them: Sizing._slot_parity_later)."""
         if not self.wanted(alloc):
             return False
         if isinstance(alloc.buffer, Slot):
-            return self._ensure_slot(alloc, alloc.buffer, fresh)
-        want, total = self.size_for(alloc), blocks(capacity_of(alloc))
-        if alloc.parity is not None and alloc.parity.capacity == want and \
-                alloc.parity.blocks == total:
+            return self._ensure_slot(alloc, alloc.buffer, fresh, encode)
+        if self.fits(alloc):
             return False          # (the checksums' place depends on the block count)
-        new = self.backend.allocate(want, alloc.device, label=f"{alloc.path}#parity")
-        new.blocks = total      # the layout it was made for (_carry_over)
+        total = blocks(capacity_of(alloc))
+        new = self._region(alloc, total)
         old, alloc.parity = alloc.parity, new
         try:
             kept = self._carry_over(old, new, keep_below // BLOCK, total)
-            if not (fresh and self.backend.fresh_memory_is_zero):
+            if fresh and isinstance(new, ParitySpan):
+                self.backend.zero(new, 0, new.capacity)   # a span may be reused: zeros
+            elif not (fresh and self.backend.fresh_memory_is_zero):
                 self.encode(alloc, kept * BLOCK, alloc.size or 0)
         except BaseException:
             alloc.parity = old
             self.backend.free(new)
             raise
         if old is not None:
-            self.backend.free(old)
+            self._release(old)
         return True
 
-    def _ensure_slot(self, alloc: Allocation, slot: Slot, fresh: bool) -> bool:
+    def _region(self, alloc: Allocation, total: int):
+        """New parity memory laid out for `total` blocks: a span of an arena where it fits,
+        else a buffer of its own."""
+        nbytes = parity_bytes(capacity_of(alloc))
+        if self.arenas is not None and self.arenas.fits(nbytes):
+            return self.arenas.take(alloc.device or "", nbytes, total)
+        new = self.backend.allocate(self.own_size_for(alloc), alloc.device,
+                                    label=f"{alloc.path}#parity")
+        new.blocks = total      # the layout it was made for (_carry_over)
+        return new
+
+    def _release(self, parity) -> None:
+        """Parity memory no longer used: a span goes back to its arena once the open change
+        commits (daemon/core/arenas.py says why), a buffer of its own now."""
+        if isinstance(parity, ParitySpan) and self.arenas is not None:
+            self.arenas.release(parity)
+        else:
+            self.backend.free(parity)
+
+    def _ensure_slot(self, alloc: Allocation, slot: Slot, fresh: bool,
+                     encode: bool = True) -> bool:
         """A slot's parity is its slab's. When the allocation has just come to this slot,
         the slot's blocks are encoded whole (bytes past the size included: they are in the
         slab's codewords), unless it is `fresh` in a clean slot (zeros the slab's parity
@@ -132,8 +184,8 @@ class Parity:
             raise InternalError(f"{alloc.path} has ECC and its slab has no parity")
         alloc.parity = SlotParity(slot.slab, slot.offset)
         if old is not None:
-            self.backend.free(old)
-        if not (fresh and slot.clean):
+            self._release(old)
+        if encode and not (fresh and slot.clean):
             self.encode_slot(slot)
         slot.clean = False          # from now on its tenant writes
         return False
@@ -157,7 +209,7 @@ class Parity:
 
     def free(self, alloc: Allocation) -> None:
         if alloc.parity is not None:
-            self.backend.free(alloc.parity)
+            self._release(alloc.parity)
             alloc.parity = None
 
     # ---- the codec, piece by piece ------------------------------------------------------

@@ -2,8 +2,10 @@
 allocations live in (daemon/backends/slabs.py has the slabs themselves, docs/storage.md the
 design).
 
-Every slab is deposited in the keeper when it is made, under SLAB_KEY_BASE + its id (data,
-then parity), whatever its allocations' durability: so a durable allocation in a slab is
+Every slab is deposited in the keeper when it is made, under SLAB_KEY_BASE + its id (its
+data; its parity too where that is a buffer of its own, as before schema 13: a span of a
+parity arena is kept with its arena, and the slab's row says where), whatever its
+allocations' durability: so a durable allocation in a slab is
 made, moved and removed by registry commits alone, with no keeper call of its own. At a
 restart the transient allocations' rows are dropped as always, and their slots are free.
 
@@ -23,10 +25,13 @@ import time
 
 from gpumemctl.protocol import GpumemError, InternalError
 
+from ..backends.arenas import ParitySpan, span_bytes
 from ..backends.packed import PackedBackend
 from ..backends.slabs import Slab, Slot
+from ..ecc.layout import parity_bytes
 from ..keeper.link import KeeperGone
 from ..registry import Registry
+from .arenas import ARENA_KEY_BASE, Arenas
 from .journal import Journal
 
 log = logging.getLogger("gpumemd")
@@ -36,7 +41,7 @@ IDLE_SECONDS = 0.25              # an emptied slab is freed after this long unus
 
 
 def is_slab_key(key: int) -> bool:
-    return key >= SLAB_KEY_BASE
+    return SLAB_KEY_BASE <= key < ARENA_KEY_BASE
 
 
 class Slabs:
@@ -46,6 +51,7 @@ class Slabs:
         self.backend = backend
         self.keeper = keeper
         self.require_fds = lambda uid, ecc: None       # gpumemd's fd budget (Custody sets it)
+        self.arenas: Arenas | None = None    # daemon/core/arenas.py's (Custody sets it)
 
     # ---- a slot for a new small allocation ------------------------------------------------
     def place(self, uid: int, device: str, ecc: str, capacity: int) -> Slot:
@@ -65,6 +71,9 @@ class Slabs:
         with self.journal.change(durable=True):
             slab_id = self.registry.slabs.insert(uid, device, ecc, slot, nbytes)
             slab = self.backend.pool.make_slab(slab_id, uid, device, ecc, slot, nbytes)
+            if isinstance(slab.parity, ParitySpan):
+                self.registry.arenas.slab_parity(slab_id, slab.parity.arena.id,
+                                                 slab.parity.offset)
             try:
                 self._deposit(slab)
             except BaseException:
@@ -95,7 +104,7 @@ class Slabs:
 
     def _deposit(self, slab: Slab) -> None:
         fds = self.backend.raw.keeper_fds(slab.data)
-        if slab.parity is not None:
+        if slab.parity is not None and not isinstance(slab.parity, ParitySpan):
             fds += self.backend.raw.keeper_fds(slab.parity)
         try:
             self.keeper.deposit(SLAB_KEY_BASE + slab.id, fds, {
@@ -176,7 +185,11 @@ class Slabs:
         raw = self.backend.raw
         data = raw.adopt(fds[:1], row["capacity"], row["device"])
         parity = None
-        if row["ecc"] == "rs":
+        if row["ecc"] == "rs" and row.get("parity_arena") is not None:
+            for fd in fds[1:]:
+                os.close(fd)
+            parity = self._adopt_span(row, data)
+        elif row["ecc"] == "rs":
             if len(fds) < 2:
                 raw.free(data)
                 raise InternalError("its parity was not kept")
@@ -190,18 +203,37 @@ class Slabs:
                     parity)
         self.backend.pool.add_slab(slab)
 
-    def slot_at(self, slab_id: int, offset: int, capacity: int) -> Slot:
-        """The slot a registry row names, taken (at a restart). InternalError when the row
-        does not fit the slab: another class, out of bounds, or taken. (A chown moves an
-        allocation out of its slab first, so a row's slab is its owner's: docs/storage.md,
-        "The export rule".)"""
+    def _adopt_span(self, row: dict, data):
+        """A slab's parity span, claimed from its arena; one that cannot be (the arena is
+        gone, the bytes claimed twice) is a new span, encoded from the slab's data."""
+        blocks = row["capacity"] // (128 * 1024)
+        nbytes = parity_bytes(row["capacity"])
+        where = (row["parity_arena"], row["parity_offset"], span_bytes(nbytes))
+        span = self.arenas.claim(where, nbytes, blocks) if self.arenas is not None else None
+        if span is not None:
+            return span
+        if self.arenas is None:
+            raise InternalError("its parity is in a parity arena, and arenas are off")
+        log.warning("slab %d: its parity span is not held; rebuilding it from the data",
+                    row["id"])
+        span = self.arenas.take(row["device"], parity_bytes(row["capacity"]), blocks)
+        self.backend.raw.ecc("encode", data, span.arena.data, 0, blocks, blocks, span.offset)
+        with self.journal.change(durable=True):
+            self.registry.arenas.slab_parity(row["id"], span.arena.id, span.offset)
+        return span
+
+    def slot_at(self, slab_id: int, offset: int, capacity: int, tenant: object) -> Slot:
+        """The slot a registry row names, taken (at a restart) by `tenant` (the allocation:
+        Custody.bind's link). InternalError when the row does not fit the slab: another
+        class, out of bounds, or taken. (A chown moves an allocation out of its slab
+        first, so a row's slab is its owner's: docs/storage.md, "The export rule".)"""
         slab = self.backend.pool.slabs.get(slab_id)
         if slab is None:
             raise InternalError(f"slab {slab_id} is not held")
         if slab.slot != capacity or not slab.fits(offset) or offset in slab.used:
             raise InternalError(f"slot {offset} of slab {slab_id} (class {slab.slot}) does "
                                 f"not fit an allocation of capacity {capacity}")
-        return slab.take_adopted(offset)
+        return slab.take_adopted(offset, tenant)
 
     def settle(self) -> None:
         """After a restart's slot_at calls: every other slot of the slabs is free."""

@@ -13,8 +13,8 @@ from .schema import (
     LINKS_SQL,
     METADATA_SQL,
     NODES_SQL,
+    PARITY_SQL,
     SCHEMA_VERSION,
-    SLABS_SQL,
     create_tables,
     execute_script,
     init_root,
@@ -124,6 +124,20 @@ def add_user_metadata(db: sqlite3.Connection) -> None:
     execute_script(db, METADATA_SQL)
 
 
+# The slabs table as schema 12 made it (add_parity_arenas adds the parity columns).
+SLABS_V12_SQL = """
+    CREATE TABLE IF NOT EXISTS slabs (
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        uid        INTEGER NOT NULL,
+        device     TEXT NOT NULL,
+        ecc        TEXT NOT NULL CHECK (ecc IN ('rs', 'none')),
+        slot       INTEGER NOT NULL,
+        capacity   INTEGER NOT NULL,
+        created_ns INTEGER NOT NULL
+    );
+"""
+
+
 def add_slabs(db: sqlite3.Connection) -> None:
     """11 -> 12 (issue 26): the `slabs` table, and each node's `slab` and `slot`. Nothing
     already stored moves: every allocation keeps memory of its own (both columns NULL)."""
@@ -131,13 +145,25 @@ def add_slabs(db: sqlite3.Connection) -> None:
     for column in ("slab", "slot"):
         if column not in have:
             db.execute(f"ALTER TABLE nodes ADD COLUMN {column} INTEGER")
-    execute_script(db, SLABS_SQL)
+    execute_script(db, SLABS_V12_SQL)
+
+
+def add_parity_arenas(db: sqlite3.Connection) -> None:
+    """12 -> 13 (issue 26): the `parity_arenas` and `parity_spans` tables, and each slab's
+    `parity_arena` and `parity_offset`. Nothing already stored moves: parity kept with its
+    allocation or slab stays there (the columns NULL, no span rows)."""
+    have = {r[1] for r in db.execute("PRAGMA table_info('slabs')")}
+    for column in ("parity_arena", "parity_offset"):
+        if column not in have:
+            db.execute(f"ALTER TABLE slabs ADD COLUMN {column} INTEGER")
+    execute_script(db, PARITY_SQL)
 
 
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
               4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names,
               7: add_links_and_special_files, 8: add_hard_links,
-              9: add_snapshot_columns, 10: add_user_metadata, 11: add_slabs}
+              9: add_snapshot_columns, 10: add_user_metadata, 11: add_slabs,
+              12: add_parity_arenas}
 
 
 def upgrade(registry: Registry, version: int) -> None:

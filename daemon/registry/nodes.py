@@ -33,10 +33,12 @@ class Nodes(Part):
         self._db.execute(f"UPDATE nodes SET {sets} WHERE id = ?", (*fields.values(), node_id))
 
     def delete(self, node_id: int) -> None:
-        """The node's row, with its holders and further names (its metadata and damage go
-        by ON DELETE CASCADE)."""
+        """The node's row, with its holders, further names and parity span (its metadata
+        and damage go by ON DELETE CASCADE; a span row has no foreign key: it may precede
+        its node's row)."""
         self._db.execute("DELETE FROM holders WHERE node = ?", (node_id,))
         self._db.execute("DELETE FROM links WHERE node = ?", (node_id,))
+        self._db.execute("DELETE FROM parity_spans WHERE node = ?", (node_id,))
         self._db.execute("DELETE FROM nodes WHERE id = ?", (node_id,))
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .store import Registry
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 ROOT_ID = 1
 
 
@@ -103,14 +103,44 @@ SLABS_SQL = """
     CREATE TABLE IF NOT EXISTS slabs (
         -- One backend allocation cut into equal slots of one size class, holding small
         -- allocations of one owner, on one device, of one ECC mode (docs/storage.md). The
-        -- keeper holds it (data, then parity) under key SLAB_KEY_BASE + id.
+        -- keeper holds it under key SLAB_KEY_BASE + id: its data, then its parity when that
+        -- has a buffer of its own (a slab made before schema 13).
         id         INTEGER PRIMARY KEY AUTOINCREMENT,
         uid        INTEGER NOT NULL,   -- the owner of every allocation in it
         device     TEXT NOT NULL,      -- device UUID
         ecc        TEXT NOT NULL CHECK (ecc IN ('rs', 'none')),
         slot       INTEGER NOT NULL,   -- the size class: bytes per slot, a power of two
         capacity   INTEGER NOT NULL,   -- bytes of the slab
+        created_ns INTEGER NOT NULL,
+        -- Where its parity is (schema 13): a span of parity_arenas row `parity_arena` from
+        -- byte `parity_offset`; both NULL without ECC, or for parity kept with the slab.
+        parity_arena  INTEGER,
+        parity_offset INTEGER
+    );
+"""
+
+
+# Parity arenas (issue 26): create_tables() makes them, add_parity_arenas() adds them to an
+# older registry.
+PARITY_SQL = """
+    CREATE TABLE IF NOT EXISTS parity_arenas (
+        -- One backend allocation holding the ECC parity of many allocations and slabs
+        -- (daemon/backends/arenas.py). The keeper holds it under ARENA_KEY_BASE + id.
+        id         INTEGER PRIMARY KEY AUTOINCREMENT,
+        device     TEXT NOT NULL,      -- device UUID
+        capacity   INTEGER NOT NULL,   -- bytes
         created_ns INTEGER NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS parity_spans (
+        -- Where a durable allocation's parity is, written each time the keeper is handed
+        -- its memory (daemon/core/arenas.py). No foreign key: a new durable allocation's
+        -- span is recorded before its row. Rows of nodes that are not kept allocations
+        -- with memory of their own are stale and are dropped at start.
+        node   INTEGER PRIMARY KEY,    -- nodes.id
+        arena  INTEGER NOT NULL,       -- parity_arenas.id
+        offset INTEGER NOT NULL,       -- bytes into the arena
+        bytes  INTEGER NOT NULL        -- of the span: a start takes it only when the
+                                       -- allocation's capacity needs exactly these
     );
 """
 
@@ -178,7 +208,7 @@ def create_tables(db: sqlite3.Connection) -> None:
         found_ns INTEGER NOT NULL,      -- when a verify or scrub found it
         PRIMARY KEY (node, block)
     );
-    """ + METADATA_SQL + SLABS_SQL)
+    """ + METADATA_SQL + SLABS_SQL + PARITY_SQL)
 
 
 def execute_script(db: sqlite3.Connection, script: str) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 from . import migrations
+from .arenas import ParityArenas
 from .damage import Damage
 from .eventlog import MAX_EVENT_BYTES, MAX_EVENTS, EventLog
 from .holders import Holders
@@ -99,6 +100,7 @@ class Registry:
         self.identity = Identity(self)
         self.holders = Holders(self)
         self.slabs = Slabs(self)
+        self.arenas = ParityArenas(self)
         self.event_log = EventLog(self, max_events, max_event_bytes)
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:

@@ -50,8 +50,11 @@ async def devices_with_telemetry(reports: Any) -> list[dict]:
     slabs = reports.slabs_per_device() if hasattr(reports, "slabs_per_device") else {}
     empty = {"count": 0, "bytes": 0, "parity_bytes": 0, "used_bytes": 0, "objects": 0,
              "slack_bytes": 0, "fragmentation": 0.0}
+    arenas = reports.arenas_per_device() if hasattr(reports, "arenas_per_device") else {}
+    no_arenas = {"count": 0, "bytes": 0, "used_bytes": 0, "spans": 0}
     listed = [{**d.to_dict(), "backend": backend, "ours": ours.get(d.uuid, 0),
-               "slabs": slabs.get(d.uuid, empty)} for d in reports.devices()]
+               "slabs": slabs.get(d.uuid, empty),
+               "parity_arenas": arenas.get(d.uuid, no_arenas)} for d in reports.devices()]
     if backend == "host":          # memfd memory: there is no GPU to ask about
         return [{**d, **nvml.unavailable_fields("the host backend has no GPU")}
                 for d in listed]

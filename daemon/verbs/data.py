@@ -106,12 +106,14 @@ class DataVerbs:
         spare = None
         if alloc.state == "ready":
             spare = capacity + min(capacity * (GROWTH_FACTOR - 1), GROWTH_CAP)
+        # `written`: the write marks the bytes for the sync's encode, which then covers a
+        # slot taken here too (Sizing._slot_parity_later): one encode, not two.
         try:
-            self.sizing.resize(alloc, DAEMON, end, session, capacity=spare)
+            self.sizing.resize(alloc, DAEMON, end, session, capacity=spare, written=True)
         except NoMemory:
             if spare is None:
                 raise
-            self.sizing.resize(alloc, DAEMON, end, session)   # no room to spare: exact fit
+            self.sizing.resize(alloc, DAEMON, end, session, written=True)  # exact fit
 
     def read_at(self, alloc: Allocation, offset: int, length: int) -> bytes:
         """Up to `length` bytes at `offset`, clipped to the size (b"" at or past the end).
@@ -151,12 +153,21 @@ class DataVerbs:
         """Commit the size and modified time that write_at() changed in memory."""
         self.sizing.flush_times(alloc)
 
+    def settle(self, alloc: Allocation) -> None:
+        """The parity a mount close left pending for `alloc` and its block's neighbours,
+        settled now (Sizing.pending): before a removal, which would otherwise zero and
+        encode the slot of each pending file on its own."""
+        self.sizing.pending.settle_near(alloc)
+
     def sync(self, alloc: Allocation) -> Plan[None]:
         """fsync(2): size and times committed, then the parity of the range written through
         the daemon since the last sync brought up to date, encoded off the loop; the last
         step commits what changed meanwhile and the parity's end (the WRITING mark, healed
         blocks) in one change."""
         self.sizing.flush_times(alloc)
+        # Its block's pending neighbours with it, in one encode (Sizing.pending): none is
+        # left for a later encode of the block to cover damage found after the fsync.
+        self.sizing.pending.settle_near(alloc, synced=True)
         job = self.integrity.job_written(alloc)
         yield ParityWork(job)
         self.sizing.flush_written(alloc, job)

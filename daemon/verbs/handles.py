@@ -31,7 +31,7 @@ from ..core.refills import Refills
 from ..core.sessions import Session
 from ..core.sizing import Sizing
 from ..registry import Registry
-from .plan import ParityWork, Plan
+from .plan import ParityWork, Plan, breathing
 
 if TYPE_CHECKING:
     from gpumemctl.protocol.replies import Node as NodeInfo
@@ -188,6 +188,8 @@ class HandleVerbs:
         if alloc.damaged:     # a mapping cannot fail a range: refuse the whole allocation
             self.integrity.require_undamaged(alloc, 0, alloc.size or 0)
         self.holders.require_lockable(alloc, writable)
+        if writable:    # its close encodes what it declares: the mount's writes are settled
+            self.sizing.pending.settle_near(alloc)
         if not (regions and self.sizing.shares_slab_with(alloc, cred.uid)):
             self.sizing.own_memory(alloc)  # another's slab never: the slot moves out first
         kind = kinds[mode]
@@ -410,9 +412,16 @@ class HandleVerbs:
     def release_mount(self, holder: Holder) -> Plan[None]:
         """close(2) of the last descriptor of a mount handle. A handle that wrote syncs, its
         parity encoded off the loop; the last writer gives back capacity left spare by write
-        growth (one device copy). The holder goes whatever happens."""
+        growth (one device copy). A small file's parity is left to the pass that encodes
+        each block once for all the files closed in it (settle_parity). The holder goes
+        whatever happens."""
         alloc = holder.alloc
         try:
+            if holder.kind == "mount-w" and self.sizing.pending.accepts(alloc):
+                # (in a slot: no capacity left spare by growth, nothing to trim)
+                self.sizing.flush_times(alloc)
+                self.sizing.pending.add(alloc)
+                return
             job = self._parity_job(holder)
             yield ParityWork(job)
             if holder.kind == "mount-w" and not alloc.unlinked:
@@ -421,6 +430,14 @@ class HandleVerbs:
                     self.sizing.trim(alloc)
         finally:
             self.lifecycle.remove_holder(holder)
+
+    def settle_parity(self) -> Plan[int]:
+        """The pass over the parity that mount closes left (release_mount): each block
+        encoded once, its files settled, in pieces between which the loop serves (the
+        mount's timer, and its stop). Returns how many stay pending (a writer has the
+        file open again: its close comes)."""
+        yield from breathing(self.sizing.pending.steps())
+        return len(self.sizing.pending)
 
 
 def _unrevoke(holders: list[Holder]) -> None:

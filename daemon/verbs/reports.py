@@ -37,11 +37,17 @@ class Reports:
         return self.backend.devices()
 
     def bytes_held_per_device(self) -> dict[str, int]:
-        """Memory of their own (the namespace's count), and the slabs whole, parity too."""
+        """Memory of their own (the namespace's count), the slabs whole, and the parity
+        arenas whole (the spans in them are not counted again)."""
         ours = self.ns.reports.bytes_held_per_device()
-        for device, nbytes in self.backend.pool.bytes_per_device().items():
-            ours[device] = ours.get(device, 0) + nbytes
+        for use in (self.backend.pool.bytes_per_device(), self.backend.arenas.bytes_per_device()):
+            for device, nbytes in use.items():
+                ours[device] = ours.get(device, 0) + nbytes
         return ours
+
+    def arenas_per_device(self) -> dict[str, dict]:
+        """Device UUID -> its parity arenas' use (ArenaPool.use_per_device)."""
+        return self.backend.arenas.use_per_device()
 
     def slabs_per_device(self) -> dict[str, dict]:
         """Device UUID -> its slabs' use (PackedBackend.pool.use_per_device)."""

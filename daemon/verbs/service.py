@@ -43,11 +43,15 @@ class ServiceVerbs:
         for alloc in self.ns.allocations():
             self.custody.free(alloc)
         self.custody.slabs.close()
+        self.custody.arenas.close()      # after the slabs: their parity is in them
         self.keeper.close()
 
     def sweep_slabs(self) -> int:
-        """Housekeeping, every 0.2 s: slabs empty for IDLE_SECONDS go (daemon/core/slabs.py)."""
-        return self.custody.slabs.sweep(IDLE_SECONDS)
+        """Housekeeping, every 0.2 s: slabs and parity arenas empty for IDLE_SECONDS go
+        (daemon/core/slabs.py, daemon/core/arenas.py)."""
+        self.custody.arenas.retry_owed()
+        return self.custody.slabs.sweep(IDLE_SECONDS) + \
+            self.custody.arenas.sweep(IDLE_SECONDS)
 
     def reconcile_keeper(self) -> tuple[int, int]:
         """After a stall: the keeper holds exactly the durable allocations again."""

@@ -47,6 +47,11 @@ def status(json_: bool = False):
                         f"{format_size(slabs['bytes'])} (+ {format_size(slabs['parity_bytes'])}"
                         f" parity); slack {format_size(slabs.get('slack_bytes', 0))}, "
                         f"fragmentation {slabs.get('fragmentation', 0.0):.0%}")
+        arenas = dev.get("parity_arenas") or {}
+        if arenas.get("count"):
+            output.data(f"  parity arenas: {arenas['count']}, "
+                        f"{format_size(arenas['used_bytes'])} used of "
+                        f"{format_size(arenas['bytes'])} by {arenas['spans']} spans")
     states = ", ".join(f"{n} {st}" for st, n in sorted(t["by_state"].items())) or "none"
     output.data(f"totals:   {t['allocations']} allocations ({states}), {t['durable']} durable, "
                 f"{format_size(t['size'])} in use, {t['sessions']} sessions")

@@ -126,6 +126,15 @@ class SlabUse(TypedDict):
     fragmentation: float
 
 
+class ArenaUse(TypedDict):
+    """A device's parity arenas: how many, their bytes, the bytes of their spans in use, and
+    how many spans (docs/storage.md, "Parity arenas")."""
+    count: int
+    bytes: int
+    used_bytes: int
+    spans: int
+
+
 class Device(TypedDict):
     """A device of the backend with NVML telemetry (docs/telemetry.md): each telemetry field
     is null where NVML cannot say, and `telemetry` is "nvml" or "unavailable: REASON"."""
@@ -138,6 +147,7 @@ class Device(TypedDict):
     backend: str
     ours: int                       # bytes our allocations (and parity) hold on it
     slabs: SlabUse                  # its slabs (issue 26, docs/storage.md)
+    parity_arenas: ArenaUse         # its parity arenas (issue 26, docs/storage.md)
     telemetry: str
     nvml_index: int | None
     memory_total: int | None

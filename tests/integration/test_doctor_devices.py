@@ -16,7 +16,7 @@ NO_DRIVER = not os.path.exists("/proc/driver/nvidia/version")
 EXIT = {"ok": 0, "warn": 1, "fail": 10}
 TELEMETRY_KEYS = set(nvml.EMPTY_TELEMETRY) | {"telemetry"}
 BACKEND_KEYS = {"index", "uuid", "name", "total", "free", "granularity", "backend", "ours",
-                "slabs"}   # slabs: issue 26 (docs/storage.md)
+                "slabs", "parity_arenas"}   # issue 26 (docs/storage.md)
 
 
 def doctor_json(daemon, *args):

@@ -72,9 +72,11 @@ def start_refused(d, *args: str) -> tuple[int, list[str]]:
 
 
 def start_with(d, *args: str) -> None:
-    d.extra_args = list(args)
+    """Start with `args` once, keeping the layout options the test runs with (slabs_off)."""
+    layout = list(d.extra_args)
+    d.extra_args = layout + list(args)
     d.start()
-    d.extra_args = []
+    d.extra_args = layout
 
 
 def assert_intact(d, data: dict[str, bytes], prefix: str = "") -> None:
@@ -218,6 +220,7 @@ def test_free_orphans_frees_them(daemon):
     assert daemon.cli_json("ls", "-R") == []
 
 
+@pytest.mark.slabs_off          # keeper entries counted per allocation: no parity arena
 def test_crash_residue_is_still_freed_with_a_warning(daemon):
     """A kill -9 between a durable create's deposit and its commit leaves one key the
     registry never committed: that is no reason to refuse, and its memory was never handed

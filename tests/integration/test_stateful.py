@@ -63,7 +63,8 @@ class AllocationLifecycle(RuleBasedStateMachine):
         self.restarts_left = MAX_RESTARTS
         # the real thing
         # --slabs off: the model asserts capacities of whole granules (memory of its own).
-        self.daemon = Daemon(make_base_dir(), extra_args=["--slabs", "off"])
+        self.daemon = Daemon(make_base_dir(), extra_args=["--slabs", "off",
+                                                            "--parity-arenas", "off"])
         self.client = None
         try:
             self.daemon.start()

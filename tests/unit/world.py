@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from daemon.backends.arenas import is_span
 from daemon.backends.host import HostBackend
 from daemon.compose import Config, build, start
 from daemon.core.permissions import Credentials
@@ -25,10 +26,12 @@ class Parts:
     `m.registry`, ...: the Core, also as `m.core`), as build() composed them."""
 
     def __init__(self, registry: Registry, backend: HostBackend, keeper: InProcessKeeper,
-                 slabs: bool = False):
-        # Slabs off by default: the unit tier's scenarios were written for memory of its own
-        # per allocation (a granule, a keeper deposit each); World(slabs=True) packs.
-        self.core, self.verbs = build(registry, backend, keeper, Config(slabs=slabs))
+                 slabs: bool = False, arenas: bool | None = None):
+        # Slabs and parity arenas off by default: the unit tier's scenarios were written for
+        # memory and parity of its own per allocation (a granule each, a keeper deposit
+        # each); World(slabs=True) packs, and parity goes into arenas unless arenas=False.
+        self.core, self.verbs = build(registry, backend, keeper, Config(
+            slabs=slabs, parity_arenas=slabs if arenas is None else arenas))
         for part in (self.core, self.verbs):
             for field in dataclasses.fields(part):
                 setattr(self, field.name, getattr(part, field.name))
@@ -38,17 +41,19 @@ class World:
     """A daemon's parts and everything under them; `crash()` builds fresh ones on the same
     state, as a daemon killed and started again does (the keeper's holdings live on)."""
 
-    def __init__(self, tmp_path, limit=256 * MiB, slabs: bool = False):
+    def __init__(self, tmp_path, limit=256 * MiB, slabs: bool = False,
+                 arenas: bool | None = None):
         self.dir = str(tmp_path)
         self.limit = limit
-        self.slabs = slabs
+        self.slabs, self.arenas = slabs, arenas
         self.kept = KeptFds()            # the keeper "process": outlives every daemon
         self.parts: list[Parts] = []
         self.m = self._new()
 
     def _new(self) -> Parts:
         m = Parts(Registry(os.path.join(self.dir, "registry.sqlite")),
-                  HostBackend(limit=self.limit), InProcessKeeper(self.kept), self.slabs)
+                  HostBackend(limit=self.limit), InProcessKeeper(self.kept), self.slabs,
+                  self.arenas)
         self.summary = start(m.verbs)
         self.parts.append(m)
         return m
@@ -61,8 +66,10 @@ class World:
                 old.backend.free(a.buffer)
         for slab in list(old.backend.pool.slabs.values()):     # a slab's memfds close too
             old.backend.raw.free(slab.data)
-            if slab.parity is not None:
+            if slab.parity is not None and not is_span(slab.parity):
                 old.backend.raw.free(slab.parity)
+        for arena in list(old.backend.arenas.arenas.values()):  # and a parity arena's
+            old.backend.raw.free(arena.data)
         old.keeper.close()
         old.registry.close()
         self.m = self._new()
@@ -74,6 +81,7 @@ class World:
             self.m.custody.free(a)       # the last daemon's memory (memfds) goes with it
         for slab in list(self.m.backend.pool.slabs.values()):
             self.m.backend.pool.drop_slab(slab)
+        self.m.custody.arenas.close()
         for m in self.parts:
             m.registry.close()
 

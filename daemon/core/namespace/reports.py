@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from gpumemctl.protocol import UsageError
 
+from ...backends.arenas import is_span
 from ...backends.slabs import Slot
 from ..nodes import Allocation, Directory, Node, walk
 from ..permissions import Credentials, R, X, allowed, require
@@ -41,12 +42,14 @@ class TreeReports:
 
     def bytes_held_per_device(self) -> dict[str, int]:
         """Device UUID -> the bytes our allocations of memory of their own (memory and
-        parity) hold on it; the slabs' are the packing layer's (PackedBackend.pool)."""
+        parity of its own) hold on it; the slabs' and the parity arenas' are the packing
+        layer's (PackedBackend.pool, .arenas)."""
         ours: dict[str, int] = {}
         for alloc in self.ns.allocations():
             if alloc.buffer is not None and alloc.device is not None and \
                     not isinstance(alloc.buffer, Slot):
-                parity = alloc.parity.capacity if alloc.parity is not None else 0
+                parity = alloc.parity.capacity if alloc.parity is not None and \
+                    not is_span(alloc.parity) else 0          # a span: its arena's
                 ours[alloc.device] = ours.get(alloc.device, 0) + (alloc.capacity or 0) + parity
         return ours
 

@@ -26,6 +26,7 @@ from gpumemctl.protocol import (
     split_path,
 )
 
+from ...backends.arenas import is_span
 from ...backends.slabs import placement
 from ...registry import ROOT_ID, Registry, stored_name
 from ..describe import describe
@@ -225,6 +226,9 @@ class Namespace:
             columns["target"] = stored_name(columns["target"])
         row["id"] = node_id if node_id is not None else self.ids.reserve(1)[0]
         node_id = self.registry.nodes.insert(**row, **columns)
+        if alloc_fields.get("durable") and is_span(alloc_fields.get("parity")):
+            span = alloc_fields["parity"]           # where its parity is: a restart's
+            self.registry.arenas.put_span(node_id, span.where)
         node = cls(id=node_id, name=name, parent=parent, uid=cred.uid, gid=gid, mode=mode,
                    created_ns=now, modified_ns=now, changed_ns=now, **alloc_fields)
         self.entries.add(parent, node, now)

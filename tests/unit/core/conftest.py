@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from daemon.backends.packed import PackedBackend
+from daemon.core.arenas import Arenas
 from daemon.core.custody import Custody
 from daemon.core.holders import Holders
 from daemon.core.integrity import Integrity
@@ -81,4 +82,5 @@ def holders(registry, journal):
 @pytest.fixture
 def custody(registry, journal, backend, keeper, ns, integrity):
     return Custody(registry, journal, backend, keeper, ns, integrity.parity,
-                   Slabs(registry, journal, backend, keeper))
+                   Slabs(registry, journal, backend, keeper),
+                   Arenas(registry, journal, backend, keeper, enabled=False))

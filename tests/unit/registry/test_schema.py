@@ -9,7 +9,8 @@ import pytest
 from daemon.registry import ROOT_ID, SCHEMA_VERSION, WAL_LIMIT, Registry, RegistryUnusable
 from daemon.registry.schema import create_tables
 
-TABLES = {"meta", "nodes", "holders", "events", "links", "damage", "metadata", "slabs"}
+TABLES = {"meta", "nodes", "holders", "events", "links", "damage", "metadata", "slabs",
+          "parity_arenas", "parity_spans"}
 NODE = dict(parent=ROOT_ID, kind="alloc", uid=0, gid=0, mode=0o600, created_ns=0,
             modified_ns=0, changed_ns=0, state="ready")
 
