@@ -665,6 +665,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=26, help="seed of the objects' bytes")
     p.add_argument("--slabs", action="store_true",
                    help="start gpumemd with config `slabs = true` (small objects packed)")
+    p.add_argument("--extra", action="append", default=[], metavar="ARG",
+                   help="one more gpumemd argument, repeatable (e.g. --extra=--parity-arenas "
+                        "--extra=off for the layout before parity arenas)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--keep", action="store_true",
                    help="keep the temp dir (daemon log, registry) for inspection")
@@ -745,6 +748,7 @@ def main(argv=None) -> int:
         with open(conf, "w") as f:
             f.write("slabs = true\n")
         extra += ["--config", conf]
+    extra += args.extra
     d = ObjectsDaemon(base, args.backend, args.fd_limit, extra)
     m = core.machine()
     gpus = fs.nvidia_smi("--query-gpu=name", "--format=csv,noheader")
