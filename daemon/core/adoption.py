@@ -10,7 +10,6 @@ keeper only through Custody.deposit.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
@@ -129,9 +128,11 @@ class Adoption:
                       slabs_lost: dict[int, str]) -> None:
         """Each listed allocation: a transient one is dropped (it never outlives the
         daemon), a durable one takes back what the keeper kept (its slot, for one kept in a
-        slab), or is `lost`. What it takes leaves `kept`."""
+        slab), or is `lost`. What it takes leaves `kept`. A million slots come back at a
+        start: for them, a dict lookup and _adopt_slot, with no statement or event each."""
         placed = self.registry.slabs.placements()
         in_slabs: list[Allocation] = []
+        slots_lost = 0
         for alloc in self.ns.allocations():
             if not alloc.durable:
                 self.ns.forget(alloc)
@@ -139,11 +140,11 @@ class Adoption:
                 summary["transients_dropped"] += 1
             elif alloc.capacity is None:
                 continue  # durable but pending: there is no memory to adopt
-            elif alloc.id in placed and alloc.state != "lost":   # a lost one has no slot
-                adopted = self._adopt_slot(alloc, *placed[alloc.id], slabs_lost)
-                summary["adopted" if adopted else "lost"] += 1
-                if adopted:
+            elif alloc.state != "lost" and (where := placed.get(alloc.id)) is not None:
+                if self._adopt_slot(alloc, *where, slabs_lost):   # a lost one has no slot
                     in_slabs.append(alloc)
+                else:
+                    slots_lost += 1
             elif alloc.id in kept or -alloc.id in kept:
                 adopted = self._adopt(alloc, kept.pop(alloc.id, None),
                                       kept.pop(-alloc.id, None))
@@ -151,6 +152,8 @@ class Adoption:
             elif alloc.state != "lost":
                 self._mark_lost(alloc, "the keeper holds no memory for it")
                 summary["lost"] += 1
+        summary["adopted"] += len(in_slabs)
+        summary["lost"] += slots_lost
         self._note_slots_adopted(in_slabs)
 
     def take_strays(self, kept: dict[int, list[int]], metas: dict[int, dict] | None,
@@ -272,9 +275,12 @@ class Adoption:
             for alloc in allocs:
                 self.journal.event("adopt", alloc, None, capacity=alloc.capacity)
             return
-        per_slab = collections.Counter(a.buffer.slab.id for a in allocs)
+        # A slab's used slots are, until its settle(), the ones just taken back: counted
+        # per slab, not by a walk of a million allocations.
+        per_slab = {slab.id: len(slab.used) for slab in self.backend.pool.slabs.values()}
         for slab_id, count in sorted(per_slab.items()):
-            self.journal.event("adopt", None, None, slab=slab_id, objects=count)
+            if count:
+                self.journal.event("adopt", None, None, slab=slab_id, objects=count)
 
     def _adopt_parity(self, alloc: Allocation, fds: list[int]) -> None:
         """Take back the parity the keeper kept (a buffer of its own), or the span of a

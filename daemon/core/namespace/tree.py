@@ -42,7 +42,7 @@ from .lostfound import LostFound
 from .metadata import Metadata
 from .renames import Renames
 from .reports import TreeReports
-from .rows import kind_of_new, node_from_row
+from .rows import COLUMNS, kind_of_new, nodes_from_rows
 from .rules import check_mode
 from .watchers import Watchers
 
@@ -76,15 +76,27 @@ class Namespace:
         """The tree as the registry has it: every node, then each under its parent, then
         the hard links and the user metadata."""
         self.ids.load()
-        rows = self.registry.nodes.load()
-        for row in rows:
-            self.nodes[row["id"]] = node_from_row(row)
-        for row in rows:
-            self._link_loaded(self.nodes[row["id"]], row["parent"])
+        loaded = list(nodes_from_rows(self.registry.nodes.load(COLUMNS)))
+        for node, _ in loaded:
+            self.nodes[node.id] = node
+        self._link_all(loaded)
         if self.root is None or self.root.id != ROOT_ID:
             raise InternalError("registry has no root directory")
         self.hardlinks.load()
         self.metadata.load()
+
+    def _link_all(self, loaded: list[tuple[Node, int | None]]) -> None:
+        """Each loaded node under its parent (a second pass: a node moved by a rename may
+        come before its directory, which can be younger). Per node, a lookup and an
+        entry: this runs a million times at a start."""
+        by_id = self.nodes.get
+        for node, parent_id in loaded:
+            parent = by_id(parent_id) if parent_id is not None else None
+            if isinstance(parent, Directory):
+                node.parent = parent
+                parent.add_child(node)
+            else:
+                self._link_loaded(node, parent_id)     # the root, or a broken row
 
     def _link_loaded(self, node: Node, parent_id: int | None) -> None:
         if parent_id is None:
