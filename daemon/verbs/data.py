@@ -97,8 +97,11 @@ class DataVerbs:
         capacity = alloc.capacity or 0
         if alloc.state == "ready" and end <= capacity:
             if offset > alloc.size:
+                # The gap reads as zeros, and its blocks are encoded with the write: past
+                # the old size they may hold bytes (a shrink within the capacity keeps them)
+                # whose parity a verify would call damage, and a repair put back.
                 self.backend.zero(alloc.buffer, alloc.size, offset)
-                self.integrity.changed(alloc, alloc.size, offset)
+                self.integrity.note_written(alloc, alloc.size, offset)
             alloc.size = end
             self.ns.watchers.attrs_changed(alloc)
             self.journal.node_changed(alloc)
