@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 
 from gpumemctl.protocol import GpumemError
 
@@ -45,6 +46,26 @@ IDLE_SECONDS = 0.25              # an emptied arena is freed after this long unu
 
 def is_arena_key(key: int) -> bool:
     return key >= ARENA_KEY_BASE
+
+
+def drop_unheld_and_residue(journal: Journal, keeper, delete: Callable[[int], None],
+                            missing: Iterable[int], held: dict[int, list[int]], base: int,
+                            noun: str) -> None:
+    """A start's end of adopting slabs or arenas (ids under keeper keys base + id): the
+    rows of those `missing` (listed, not adopted) go in one change; what the keeper
+    holds and no row lists (`held`: crash residue) is withdrawn and freed, loudly."""
+    missing = list(missing)
+    if missing:
+        with journal.change(durable=True):
+            for row_id in missing:
+                delete(row_id)
+    for row_id, fds in held.items():
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(KeeperGone):
+            keeper.withdraw(base + row_id)
+        log.warning("freed %s %d that the keeper held and the registry does not list "
+                    "(crash residue)", noun, row_id)
 
 
 class Arenas:
@@ -223,17 +244,8 @@ class Arenas:
                 missing.add(row["id"])
                 continue
             self.pool.add(ParityArena(row["id"], row["device"], data))
-        if missing:
-            with self.journal.change(durable=True):
-                for arena_id in missing:
-                    self.registry.arenas.delete(arena_id)
-        for arena_id, fds in held.items():
-            for fd in fds:
-                os.close(fd)
-            with contextlib.suppress(KeeperGone):
-                self.keeper.withdraw(ARENA_KEY_BASE + arena_id)
-            log.warning("freed parity arena %d that the keeper held and the registry does "
-                        "not list (crash residue)", arena_id)
+        drop_unheld_and_residue(self.journal, self.keeper, self.registry.arenas.delete,
+                                missing, held, ARENA_KEY_BASE, "parity arena")
         self._spans = self.registry.arenas.spans()
         return missing
 

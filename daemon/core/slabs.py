@@ -31,7 +31,7 @@ from ..backends.slabs import Slab, Slot
 from ..ecc.layout import parity_bytes
 from ..keeper.link import KeeperGone
 from ..registry import Registry
-from .arenas import ARENA_KEY_BASE, Arenas
+from .arenas import ARENA_KEY_BASE, Arenas, drop_unheld_and_residue
 from .journal import Journal
 
 log = logging.getLogger("gpumemd")
@@ -168,17 +168,9 @@ class Slabs:
                 self._adopt(row, fds)
             except Exception as exc:  # noqa: BLE001 - its allocations are lost, said below
                 missing[row["id"]] = f"its slab could not be re-adopted: {exc}"
-        if missing:       # their allocations are lost (placements cleared): the rows go
-            with self.journal.change(durable=True):
-                for slab_id in missing:
-                    self.registry.slabs.delete(slab_id)
-        for slab_id, fds in held.items():
-            for fd in fds:
-                os.close(fd)
-            with contextlib.suppress(KeeperGone):
-                self.keeper.withdraw(SLAB_KEY_BASE + slab_id)
-            log.warning("freed slab %d that the keeper held and the registry does not list "
-                        "(crash residue)", slab_id)
+        # their allocations are lost (placements cleared): the rows go
+        drop_unheld_and_residue(self.journal, self.keeper, self.registry.slabs.delete,
+                                missing, held, SLAB_KEY_BASE, "slab")
         return missing
 
     def _adopt(self, row: dict, fds: list[int]) -> None:
