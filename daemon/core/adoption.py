@@ -20,6 +20,7 @@ from gpumemctl.protocol import InternalError, InvalidState
 
 from ..backends.arenas import ParitySpan
 from ..backends.packed import PackedBackend
+from ..backends.slabs import Slab
 from ..ecc.layout import BLOCK, parity_bytes
 from ..registry import Registry
 from .arenas import ARENA_KEY_BASE, is_arena_key
@@ -82,8 +83,9 @@ class Adoption:
                          if not is_slab_key(k) and not is_arena_key(k)]
             if node_keys:           # no new id may alias a key the keeper holds
                 self.ns.ids.reserve_up_to(max(node_keys))
-            self._adopt_listed(kept, summary, slabs_lost)
+            dropped = self._adopt_listed(kept, summary, slabs_lost)
             self.custody.slabs.settle()
+            summary["shared_blocks_encoded"] = self._encode_blocks_left_by(dropped)
             self.arenas.settle({a.id for a in self.ns.allocations()
                                 if isinstance(a.parity, ParitySpan)})
             for key, fds in kept.items():
@@ -125,16 +127,20 @@ class Adoption:
             self.journal.event("write", alloc, writer, range_unknown=True)
 
     def _adopt_listed(self, kept: dict[int, list[int]], summary: dict,
-                      slabs_lost: dict[int, str]) -> None:
+                      slabs_lost: dict[int, str]) -> list[tuple[int, int, int]]:
         """Each listed allocation: a transient one is dropped (it never outlives the
         daemon), a durable one takes back what the keeper kept (its slot, for one kept in a
         slab), or is `lost`. What it takes leaves `kept`. A million slots come back at a
-        start: for them, a dict lookup and _adopt_slot, with no statement or event each."""
+        start: for them, a dict lookup and _adopt_slot, with no statement or event each.
+        Returns where the dropped ones lay in slabs: (slab, offset, capacity)."""
         placed = self.registry.slabs.placements()
         in_slabs: list[Allocation] = []
+        dropped: list[tuple[int, int, int]] = []
         slots_lost = 0
         for alloc in self.ns.allocations():
             if not alloc.durable:
+                if (where := placed.get(alloc.id)) is not None:
+                    dropped.append((*where, alloc.capacity or 0))
                 self.ns.forget(alloc)
                 self.journal.event("drop", alloc, None, reason="transient after restart")
                 summary["transients_dropped"] += 1
@@ -155,6 +161,32 @@ class Adoption:
         summary["adopted"] += len(in_slabs)
         summary["lost"] += slots_lost
         self._note_slots_adopted(in_slabs)
+        return dropped
+
+    def _encode_blocks_left_by(self, dropped: list[tuple[int, int, int]]) -> int:
+        """The slab blocks that a dropped transient allocation shared with a durable one,
+        encoded from what they hold now. The transient one may have been written when the
+        daemon died, its parity stale by design (a writer's fd, a close not yet come, an
+        encode cut short), and that parity is its durable neighbours' too: left so, their
+        verify would find damage that is not (beyond repair past 4 changed rows a
+        codeword, reading as EIO). Encoding takes the block as it is: damage to the durable
+        neighbour's bytes made while the daemon was down is no longer told apart in these
+        blocks (docs/durability.md). Returns the blocks encoded."""
+        blocks: set[tuple[Slab, int]] = set()
+        for slab_id, offset, capacity in dropped:
+            slab = self.backend.pool.slabs.get(slab_id)
+            if slab is None or slab.parity is None or slab.slot >= BLOCK:
+                continue            # a slot of a block or more shares no block
+            for block in range(offset // BLOCK, -(-(offset + capacity) // BLOCK)):
+                if any(o in slab.used for o in range(block * BLOCK, (block + 1) * BLOCK,
+                                                     slab.slot)):
+                    blocks.add((slab, block))
+        for slab, block in blocks:
+            self.backend.ecc("encode", slab.data, slab.parity, block, 1, slab.blocks)
+        if blocks:
+            log.warning("encoded %d slab blocks that transient allocations dropped at this "
+                        "start shared with durable ones", len(blocks))
+        return len(blocks)
 
     def take_strays(self, kept: dict[int, list[int]], metas: dict[int, dict] | None,
                      orphans: str) -> dict[int, list[int]]:

@@ -43,7 +43,8 @@ CLIENT_REPORTED = frozenset({"write"})
 SCHEMA: dict[str, dict[str, str]] = {
     "start": {"backend": "str", "adopted": "int", "lost": "int", "orphans_freed": "int",
               "orphans_adopted": "int", "transients_dropped": "int",
-              "parity_rebuilt_blocks": "int", "recovery_dir": "str"},
+              "parity_rebuilt_blocks": "int", "shared_blocks_encoded": "int",
+              "recovery_dir": "str"},
     "stop": {},
     "drop": _REASON,
     "adopt": {"capacity": "int", "key": "int", "recovered": "bool", "slab": "int",

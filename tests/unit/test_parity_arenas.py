@@ -209,3 +209,27 @@ def test_a_compaction_gives_the_freed_slabs_spans_back_to_their_arena(tmp_path):
         spans_before - len(freed)
     clean(m)
     world.close()
+
+
+def test_a_transient_neighbour_written_at_a_crash_leaves_a_durable_object_verifiable(tmp_path):
+    """A transient object and a durable one of the same owner share a slab block (its
+    parity). The transient one is written through its descriptor (parity stale by design,
+    as a socket writer leaves it until its close) and the daemon is killed: the transient
+    one is dropped at the start, and its block's parity must not make the durable one's
+    verify find damage (8 changed rows a codeword: beyond repair, it would read as EIO)."""
+    world = World(tmp_path, slabs=True)
+    m = world.m
+    durable = create(m, "d", 8 * KiB, fill=b"D")
+    transient = create(m, "t", 8 * KiB, durable=False)
+    assert transient.buffer.slab is durable.buffer.slab
+    assert transient.buffer.offset // (128 * KiB) == durable.buffer.offset // (128 * KiB)
+    m.backend.write(transient.buffer, 0, b"T" * (8 * KiB))    # as through its fd
+    m = world.crash()
+    assert world.summary["transients_dropped"] == 1
+    assert world.summary["shared_blocks_encoded"] == 1
+    found = verify(m, "d")
+    assert found["damaged"] == [] and found["clean"] == 1, found
+    alloc = m.queries.lookup_allocation("d", ROOT)
+    assert m.data.read_at(alloc, 0, 8 * KiB) == b"D" * (8 * KiB)
+    clean(m)
+    world.close()
