@@ -46,3 +46,14 @@ def test_many_gpus_get_one_line_each():
     assert lines[3].plain.startswith("3 ") and "7% 38°C 120W" in lines[3].plain
     assert "ALERT" in compact_line(h100(remapped_failure=True)).plain
     assert "ALERT" not in lines[0].plain
+
+
+def test_slabs_and_parity_arenas_are_shown_where_there_are_any():
+    plain = device_line(h100()).plain
+    assert "slabs" not in plain and "parity" not in plain
+    d = h100(slabs={"count": 2, "bytes": 6 << 20, "used_bytes": 5 << 20,
+                    "slack_bytes": 1 << 20},
+             parity_arenas={"count": 3, "bytes": 10 << 20, "used_bytes": 8 << 20,
+                            "spans": 64})
+    memory = device_line(d).plain.split("\n")[0]
+    assert "slabs 5M/6M slack 1M" in memory and "parity 8M/10M" in memory

@@ -1,6 +1,6 @@
 """The devices panel: per GPU, a memory bar split into our allocations, other users and
-free memory (and the slabs' use and slack, where there are slabs), then utilisation,
-temperature, power, ECC counters and remapped rows."""
+free memory (and the slabs' use and slack, and the parity arenas' use, where there are
+any), then utilisation, temperature, power, ECC counters and remapped rows."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -72,13 +72,19 @@ def device_line(d: Device) -> Text:
 
 
 def slab_use(d: Device) -> str:
-    """Its slabs' use and slack (docs/storage.md), where it has slabs: "" otherwise."""
+    """Its slabs' use and slack, and its parity arenas' use (docs/storage.md), where it
+    has them: "" otherwise."""
     slabs = d.get("slabs") or {}
-    if not slabs.get("count"):
-        return ""
-    return (f"slabs {format_size(slabs.get('used_bytes', 0))}/"
-            f"{format_size(slabs.get('bytes', 0))} slack "
-            f"{format_size(slabs.get('slack_bytes', 0))}  ")
+    arenas = d.get("parity_arenas") or {}
+    text = ""
+    if slabs.get("count"):
+        text += (f"slabs {format_size(slabs.get('used_bytes', 0))}/"
+                 f"{format_size(slabs.get('bytes', 0))} slack "
+                 f"{format_size(slabs.get('slack_bytes', 0))}  ")
+    if arenas.get("count"):
+        text += (f"parity {format_size(arenas.get('used_bytes', 0))}/"
+                 f"{format_size(arenas.get('bytes', 0))}  ")
+    return text
 
 
 def compact_line(d: Device) -> Text:
