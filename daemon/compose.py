@@ -141,7 +141,8 @@ def build_verbs(c: Core, config: Config) -> Verbs:
                       fault_injection=config.fault_injection),
         service=ServiceVerbs(c.registry, c.journal, c.ns, c.custody, c.adoption, c.integrity,
                              c.keeper),
-        compaction=CompactionVerbs(c.compactor, min_slack=config.compact_min_slack))
+        compaction=CompactionVerbs(c.compactor, c.journal,
+                                   min_slack=config.compact_min_slack))
 
 
 def start(verbs: Verbs, orphans: str = "refuse") -> dict:

@@ -83,6 +83,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     "damage": {"blocks": "ints", "ranges": "ranges", **_REASON},
     "healed": {"blocks": "ints", **_REASON},
     "corrupt": {"offset": "int", "length": "int", "parity": "bool"},
+    "compact": {"asked": "bool", "moved": "int", "moved_bytes": "int", "slabs_freed": "int",
+                "freed_bytes": "int"},
     "scrub": {"action": "str", "rate": "int", "bytes": "int", "corrected": "int",
               "uncorrectable": "int", "skipped": "int"},
     # Snapshots (issue 16): an allocation's refill (`action` begin, done or abandoned), and

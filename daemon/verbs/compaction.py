@@ -10,6 +10,7 @@ import time
 
 from ..core.compaction import Compaction, Pass
 from ..core.describe import shown_path
+from ..core.journal import Journal
 from ..core.permissions import Credentials
 from .plan import Plan, breathing
 
@@ -21,9 +22,11 @@ AUTO_BACKOFF_SECONDS = 60.0     # after a pass that freed nothing, while nothing
 
 
 class CompactionVerbs:
-    def __init__(self, compaction: Compaction, *, min_slack: int | None = 64 << 20):
+    def __init__(self, compaction: Compaction, journal: Journal, *,
+                 min_slack: int | None = 64 << 20):
         """`min_slack`: config compact_min_slack (bytes; 0 or None: never by itself)."""
         self.compaction = compaction
+        self.journal = journal
         self.min_slack = min_slack
         self.passes = 0                 # passes run (both kinds), for the log and tests
         self._futile: tuple | None = None   # the slabs' use when a pass last freed nothing
@@ -33,7 +36,7 @@ class CompactionVerbs:
         """One pass over every slab kind (the caller checked who may ask): what moved, the
         slabs emptied and the bytes they gave back. `dry_run`: what would, moving nothing."""
         done = yield from breathing(self.compaction.steps(dry_run))
-        self._after(done)
+        self._after(done, asked=True)
         return answer(done, cred)
 
     def due(self) -> bool:
@@ -52,14 +55,18 @@ class CompactionVerbs:
     def auto(self) -> Plan[dict]:
         """Housekeeping's pass: as `compact`, for the daemon, answering the counts only."""
         done = yield from breathing(self.compaction.steps(False))
-        self._after(done)
+        self._after(done, asked=False)
         return {"moved": done.moved_count, "slabs_freed": len(done.emptied),
-                "freed_bytes": sum(f["bytes"] + f["parity_bytes"] for f in done.freed)}
+                "freed_bytes": freed_bytes(done)}
 
-    def _after(self, done: Pass) -> None:
+    def _after(self, done: Pass, asked: bool) -> None:
         if done.dry_run:
             return
         self.passes += 1
+        if done.moved_count or done.emptied:     # a pass that changed nothing says nothing
+            self.journal.note("compact", asked=asked, moved=done.moved_count,
+                              moved_bytes=done.moved_bytes, slabs_freed=len(done.emptied),
+                              freed_bytes=freed_bytes(done))
         if done.emptied:
             self._futile = None
         else:
@@ -86,6 +93,11 @@ def answer(done: Pass, cred: Credentials) -> dict:
         "skipped": [{**who(a), "reason": why} for a, why in done.skipped],
         "skipped_count": done.skipped_count,
         "slabs_freed": done.freed,
-        "freed_bytes": sum(f["bytes"] + f["parity_bytes"] for f in done.freed),
+        "freed_bytes": freed_bytes(done),
     }
+
+
+def freed_bytes(done: Pass) -> int:
+    """What the slabs a pass emptied gave back to the device."""
+    return sum(f["bytes"] + f["parity_bytes"] for f in done.freed)
 

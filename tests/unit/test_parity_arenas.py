@@ -233,3 +233,23 @@ def test_a_transient_neighbour_written_at_a_crash_leaves_a_durable_object_verifi
     assert m.data.read_at(alloc, 0, 8 * KiB) == b"D" * (8 * KiB)
     clean(m)
     world.close()
+
+
+def test_a_compaction_pass_that_moved_something_is_an_event_and_a_futile_one_is_not(tmp_path):
+    world = World(tmp_path, slabs=True)
+    m = world.m
+    per_slab = (8 * MiB) // (64 * KiB)
+    for i in range(2 * per_slab):
+        create(m, f"e/{i:04d}", 64 * KiB, durable=False)
+    for i in range(2 * per_slab):
+        if i % 4:
+            m.names.remove(f"e/{i:04d}", ROOT)
+    done = run_sync(m.verbs.compaction.compact(ROOT))
+    run_sync(m.verbs.compaction.compact(ROOT))             # nothing left to move
+    events, _ = m.reports.events(since=0, limit=1000, administrator=True)
+    [event] = [e for e in events if e["kind"] == "compact"]
+    assert event["node"] is None and event["detail"] == {
+        "asked": True, "moved": done["moved_count"], "moved_bytes": done["moved_bytes"],
+        "slabs_freed": len(done["slabs_freed"]), "freed_bytes": done["freed_bytes"]}
+    assert done["moved_count"] > 0
+    world.close()
