@@ -386,7 +386,7 @@ class Adoption:
     def _adopt_orphan(self, directory: Directory, key: int, fds: list[int],
                       meta: dict | None) -> bool:
         """One entry: its size is the capacity its deposit recorded (the size asked for is
-        not kept), its ECC `rs` when a parity fd came with it. The kept parity is dropped
+        not kept), its ECC as its deposit said (orphan_ecc). The kept parity is dropped
         and rebuilt from the data (Integrity.settle): what it last covered is not known."""
         capacity = capacity_of(fds, meta)
         try:
@@ -406,7 +406,7 @@ class Adoption:
         alloc = self.ns.insert_node(
             Allocation, directory, entry_name(key), DAEMON, 0o600, size=capacity,
             capacity=capacity, device=dev.uuid, durable=True, state="ready",
-            ecc="rs" if len(fds) > 1 else "none", buffer=buf)
+            ecc=orphan_ecc(fds, meta), buffer=buf)
         self.custody.deposit(alloc)
         self.journal.event("adopt", alloc, None, capacity=capacity, key=key, recovered=True)
         log.warning("re-registered the memory the keeper held under key %d as '%s'", key,
@@ -438,3 +438,10 @@ class Adoption:
         with self.journal.change(durable=False):
             self.journal.event("keeper", None, None, action=action, redeposited=count)
         return count
+
+
+def orphan_ecc(fds: list[int], meta: dict | None) -> str:
+    """An orphan's ECC: what its deposit's meta says (a parity span is not among its fds),
+    else `rs` when a parity fd came with it (the systemd fd store keeps no meta)."""
+    ecc = (meta or {}).get("ecc")
+    return ecc if ecc in ("rs", "none") else ("rs" if len(fds) > 1 else "none")

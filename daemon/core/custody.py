@@ -138,7 +138,7 @@ class Custody:
         if alloc.parity is not None and not isinstance(alloc.parity, (SlotParity, ParitySpan)):
             fds += self.backend.keeper_fds(alloc.parity)
         return Deposit(alloc.id, f"make '{alloc.path or alloc.name}' durable", fds,
-                       {"capacity": alloc.capacity, "device": alloc.device,
+                       {"capacity": alloc.capacity, "device": alloc.device, "ecc": alloc.ecc,
                         "registry": self.registry.identity.instance}, (alloc.buffer, alloc.parity))
 
     def prepare(self, ids: list[int], cred, mode: int, size: int, dev, capacity: int,

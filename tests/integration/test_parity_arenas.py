@@ -111,3 +111,24 @@ def test_a_daemon_of_the_layout_before_restarted_with_arenas_keeps_every_byte(
     d.start()
     d.cli("verify", "--all", check=0)
     assert json.loads(d.cli("check", "--json", check=0).stdout)["clean"]
+
+
+def test_orphans_re_registered_keep_their_ecc_though_their_parity_was_a_span(daemon):
+    """--adopt-orphans after the registry went: an allocation whose parity was a span of an
+    arena (no parity fd in its deposit) comes back with ECC rs, its parity rebuilt."""
+    d = daemon
+    with d.client() as c:
+        c.create("p", 2 * MiB, durable=True)
+        c.write("p", b"p" * (2 * MiB))
+    d.kill9()
+    for name in os.listdir(d.state_dir):
+        if name.startswith("registry.sqlite"):
+            os.unlink(os.path.join(d.state_dir, name))
+    d.extra_args = ["--adopt-orphans"]
+    d.start()
+    d.extra_args = []
+    [entry] = [e for e in d.cli_json("ls", "-R") if e["type"] == "allocation"]
+    assert entry["ecc"] == "rs" and entry["durable"]
+    with d.client() as c:
+        assert c.read(entry["path"]) == b"p" * (2 * MiB)
+    d.cli("verify", "--all", check=0)
