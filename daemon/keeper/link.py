@@ -349,8 +349,9 @@ class SystemdFdStore:
         raise FdStoreFull(
             f"systemd's fd store is full: it holds {stored} descriptors of durable memory, "
             f"and {count} more would pass FileDescriptorStoreMax={self.limit} (as "
-            f"{self.limit_from} says), past which systemd drops them. Durable memory takes 2 "
-            "descriptors an allocation (1 with --ecc none); raise FileDescriptorStoreMax= "
+            f"{self.limit_from} says), past which systemd drops them. Durable memory takes 1 "
+            "descriptor an allocation of memory of its own (2 with parity of its own), and 1 "
+            "a slab or parity arena; raise FileDescriptorStoreMax= "
             "with `systemctl edit gpumemd` (and fd_store_max in gpumemd.toml where systemd "
             "is older than 254), or make allocations transient")
 
