@@ -137,9 +137,12 @@ class Custody:
         fds = self.backend.keeper_fds(alloc.buffer)
         if alloc.parity is not None and not isinstance(alloc.parity, (SlotParity, ParitySpan)):
             fds += self.backend.keeper_fds(alloc.parity)
-        return Deposit(alloc.id, f"make '{alloc.path or alloc.name}' durable", fds,
-                       {"capacity": alloc.capacity, "device": alloc.device, "ecc": alloc.ecc,
-                        "registry": self.registry.identity.instance}, (alloc.buffer, alloc.parity))
+        meta = {"capacity": alloc.capacity, "device": alloc.device,
+                "registry": self.registry.identity.instance}
+        if isinstance(alloc.parity, ParitySpan):    # no parity fd to tell its ECC by
+            meta["ecc"] = alloc.ecc                 # (--adopt-orphans: orphan_ecc)
+        return Deposit(alloc.id, f"make '{alloc.path or alloc.name}' durable", fds, meta,
+                       (alloc.buffer, alloc.parity))
 
     def prepare(self, ids: list[int], cred, mode: int, size: int, dev, capacity: int,
                 ecc: str, label: str) -> Prepared:
