@@ -77,6 +77,7 @@ class Config:
     metadata_user_max_bytes: int = usermeta.DEFAULT_USER_MAX_BYTES
     slabs: bool = True                # config `slabs`: small allocations packed (storage.md)
     parity_arenas: bool = True        # config `parity_arenas`: parity in spans (storage.md)
+    extents: bool = True              # config `extents`: resizes by extents (storage.md)
     compact_min_slack: int | None = 64 << 20   # config `compact_min_slack` (0: never by itself)
 
 
@@ -90,7 +91,7 @@ def build(registry: Registry, backend: Backend, keeper: Any,
 def build_core(registry: Registry, backend: Backend, keeper: Any, config: Config) -> Core:
     # The core addresses memory through the packing layer: small allocations in slabs.
     backend = backend if isinstance(backend, PackedBackend) else \
-        PackedBackend(backend, slabs=config.slabs)
+        PackedBackend(backend, slabs=config.slabs, extents=config.extents)
     journal = Journal(registry)
     ns = Namespace(registry, journal)
     ns.max_names_per_uid = config.max_names_per_uid

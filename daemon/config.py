@@ -298,6 +298,11 @@ KEYS: tuple[Key, ...] = (
         "2 MiB allocation's parity takes 132 KiB and no descriptor of its own; false: each "
         "allocation's and slab's parity is a buffer of its own, whole granules, as before",
         _bool, "--parity-arenas"),
+    Key("extents", "boolean", "true",
+        "let memory of 64 MiB and more grow and shrink by extents (cuda backend; issue 26, "
+        "docs/storage.md): a resize appends or drops backend allocations instead of copying "
+        "the whole into new memory; false: every resize copies, as before", _bool,
+        "--extents"),
     Key("compact_min_slack", "size", "64M",
         "housekeeping compacts the slabs (`gpumemctl compact`, docs/storage.md) when a "
         "device's slabs have more free slots than this and than 25% of their bytes; 0: "
@@ -340,6 +345,7 @@ class Config:
     metadata_user_max_bytes: int | None = None
     slabs: bool | None = None
     parity_arenas: bool | None = None
+    extents: bool | None = None
     compact_min_slack: int | None = None
     quotas: dict[int, int] = dataclasses.field(default_factory=dict)
 
@@ -463,6 +469,7 @@ def apply(args, config: Config) -> None:
     args.slabs = args.slabs in (True, "on") if args.slabs is not None else True
     args.parity_arenas = args.parity_arenas in (True, "on") \
         if args.parity_arenas is not None else True
+    args.extents = args.extents in (True, "on") if args.extents is not None else True
     args.compact_min_slack = 64 << 20 if config.compact_min_slack is None \
         else config.compact_min_slack
     args.snapshot_on_stop = bool(config.snapshot_on_stop)

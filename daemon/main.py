@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parity-arenas", choices=("on", "off"), default=None,
                    help="keep ECC parity in shared parity arenas (default on; "
                         "docs/storage.md)")
+    p.add_argument("--extents", choices=("on", "off"), default=None,
+                   help="resize large GPU memory by extents, without a copy (default on; "
+                        "docs/storage.md)")
     p.add_argument("--log-level", default=None,
                    choices=("debug", "info", "warning", "error"),
                    help="least severe to log (default info)")
@@ -427,7 +430,7 @@ def _main(args, lines: ClientLines | None = None) -> int:
         fds_to_readers=args.cuda_fds_to_readers, mountpoint=mount_path,
         metadata_max_bytes=args.metadata_max_bytes,
         metadata_user_max_bytes=args.metadata_user_max_bytes, slabs=args.slabs,
-        parity_arenas=args.parity_arenas,
+        parity_arenas=args.parity_arenas, extents=args.extents,
         compact_min_slack=args.compact_min_slack))
     if args.config_path:
         log.info("configuration read from %s", args.config_path)
@@ -450,7 +453,8 @@ def _main(args, lines: ClientLines | None = None) -> int:
     fds.watch(core.quotas.allocations, core.quotas.kept, lambda: len(core.ns.nodes),
               lambda uid: core.ns.nodes.owned.get(uid, 0), administrative_uid)
     core.custody.fds, fds.slab_fds = fds, core.backend.pool.slab_fds
-    fds.own = lambda: (core.backend.own_buffers, core.backend.own_generation)
+    fds.own = lambda: (core.backend.own_buffers, core.backend.own_generation,
+                      core.backend.own_extra)
     server = Server(verbs, socket_path, {"socket": socket_path, "state_dir": state_dir,
                                            "keeper_kind": keeper.kind, "mount": mount_path},
                     scrubber=Scrubber(verbs, default_rate=args.scrub_rate),

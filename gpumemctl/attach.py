@@ -31,8 +31,8 @@ import types
 
 from . import dlpack
 from .client import Client
-from .memory import CudaMemory, HostMapping, region_of
-from .protocol import NotRunning, ProtocolError, UsageError, framing
+from .memory import CudaMemory, HostMapping, expect_fds, region_of
+from .protocol import NotRunning, UsageError
 
 
 def attach(name: str, mode: str = "r", socket: str | None = None, *,
@@ -42,16 +42,15 @@ def attach(name: str, mode: str = "r", socket: str | None = None, *,
     own = client is None
     conn = Client(socket, client_name="gpumemctl.attach") if client is None else client
     try:
-        result, fds = conn.call_fds("attach", path=name, mode=mode, regions=True)
+        result, fds = conn.call_fds("attach", path=name, mode=mode, regions=True,
+                                    extents=True)
     except BaseException:
         if own:
             conn.close()
         raise
     try:
-        if len(fds) != 1:
-            framing.close_fds(fds)
-            raise ProtocolError(f"'attach' answered with {len(fds)} fds, expected 1")
-        return Attachment(conn, own, result, fds[0], mode)
+        expect_fds("attach", result["info"], fds)
+        return Attachment(conn, own, result, fds, mode)
     except BaseException:
         with contextlib.suppress(Exception):
             conn.call("detach", handle=result["handle"])
@@ -63,7 +62,8 @@ def attach(name: str, mode: str = "r", socket: str | None = None, *,
 class Attachment:
     """An allocation mapped into this process. See the module docstring."""
 
-    def __init__(self, client: Client, own_client: bool, result: dict, fd: int, mode: str):
+    def __init__(self, client: Client, own_client: bool, result: dict, fds: list[int],
+                 mode: str):
         info = result["info"]
         self.info, self.name, self.mode = info, info["path"], mode
         self.writable = mode == "rw"
@@ -77,9 +77,10 @@ class Attachment:
         self._detached = False
         self._memory: CudaMemory | HostMapping
         if self.backend == "cuda":
-            self._memory = CudaMemory(fd, info, self.writable)
+            self._memory = CudaMemory(fds, info, self.writable)
         else:
-            self._memory = HostMapping(fd, info["capacity"], self.writable, region_of(info)[0])
+            self._memory = HostMapping(fds[0], info["capacity"], self.writable,
+                                       region_of(info)[0])
         self.ptr: int = self._memory.ptr
         self.device: int = self._memory.device
 

@@ -245,13 +245,12 @@ class Client(BatchCalls):
     # ---- data -----------------------------------------------------------------------------
     def open(self, path: str, mode: str = OPEN_MODE) -> Handle:
         from .handle import Handle
-        result, fds = self.call_fds("open", path=path, mode=mode, regions=True)
-        if len(fds) != 1:
-            framing.close_fds(fds)
-            raise ProtocolError(f"'open' answered with {len(fds)} fds, expected 1")
+        from .memory import expect_fds
+        result, fds = self.call_fds("open", path=path, mode=mode, regions=True, extents=True)
+        expect_fds("open", result["info"], fds)
         backend = result.get("backend") or self.hello.get("backend", "host")
         try:
-            return Handle(self, result["handle"], fds[0], result["info"], mode == "rw",
+            return Handle(self, result["handle"], fds, result["info"], mode == "rw",
                           backend)
         except BaseException:
             self.call("close", handle=result["handle"], written=None)   # drop the lock
@@ -267,18 +266,17 @@ class Client(BatchCalls):
         `metadata`: the user metadata it is to have, all of it (None: a new one has none,
         an existing one keeps its own)."""
         from .handle import Handle
+        from .memory import expect_fds
         args: dict = {"path": path, "size": size, "mode": mode, "ecc": ecc,
                       "durable": durable, "device": device, "force": force,
-                      "unsealed": unsealed}
+                      "unsealed": unsealed, "extents": True}
         if metadata is not None:
             args["metadata"] = _metadata_arg(metadata)
         result, fds = self.call_fds("refill", **args)
-        if len(fds) != 1:
-            framing.close_fds(fds)
-            raise ProtocolError(f"'refill' answered with {len(fds)} fds, expected 1")
+        expect_fds("refill", result["info"], fds)
         backend = result.get("backend") or self.hello.get("backend", "host")
         try:
-            return Handle(self, result["handle"], fds[0], result["info"], True, backend)
+            return Handle(self, result["handle"], fds, result["info"], True, backend)
         except BaseException:
             self.call("close", handle=result["handle"], written=None)
             raise

@@ -18,13 +18,13 @@ MAX_RANGES = 256        # written ranges a handle reports at close (more are joi
 class Handle:
     """An open allocation: a mapping of its memory and the daemon's lock on it."""
 
-    def __init__(self, client: Client, handle_id: int, fd: int, info: Allocation,
+    def __init__(self, client: Client, handle_id: int, fds: list[int], info: Allocation,
                  writable: bool, backend: str = "host"):
         self.client, self.id, self.info, self.writable = client, handle_id, info, writable
         self.size = info["size"]
         self.backend = backend
         from .memory import open_memory
-        self.memory = open_memory(backend, fd, info, writable)
+        self.memory = open_memory(backend, fds, info, writable)
         self.map = getattr(self.memory, "map", None)     # the mmap, on the host backend
         self._written: dict | None = None
         self._ranges: list[list[int]] = []     # what was written, merged (_note_write)

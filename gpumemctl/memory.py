@@ -27,7 +27,7 @@ if TYPE_CHECKING:       # imported where used: `gpumemctl ls` loads this module,
 
     from .protocol.replies import Allocation
 
-from .protocol import InternalError, InvalidState
+from .protocol import InternalError, InvalidState, ProtocolError, framing
 
 HOST_CHUNK = 8 << 20     # per write() to a file object on the host path
 CUDA_CHUNK = 64 << 20    # per pinned staging buffer (two of them, overlapped)
@@ -52,12 +52,22 @@ def region_of(info) -> tuple[int, int | None]:
     return int(region.get("offset", 0)), region.get("span")
 
 
-def open_memory(backend: str, fd: int, info: Allocation, writable: bool):
-    """Map the memory behind `fd` (taking ownership of the fd)."""
+def open_memory(backend: str, fds: list[int], info: Allocation, writable: bool):
+    """Map the memory behind `fds` (taking ownership of them): one fd, or one per extent
+    (`extents_of(info)`)."""
     if backend == "cuda":
-        return CudaMemory(fd, info, writable)
-    return HostMemory(fd, info["capacity"], writable,  # type: ignore[arg-type]  # not pending
+        return CudaMemory(fds, info, writable)
+    return HostMemory(fds[0], info["capacity"], writable,  # type: ignore[arg-type]
                       region_of(info)[0])
+
+
+def expect_fds(op: str, info, fds: list[int]) -> None:
+    """ProtocolError (closing `fds`) unless the answer brought one fd per extent: the
+    sizes in info's `extents`, where the memory is several (docs/protocol.md, "Extents")."""
+    expected = len(info.get("extents") or [0])
+    if len(fds) != expected:
+        framing.close_fds(fds)
+        raise ProtocolError(f"'{op}' answered with {len(fds)} fds, expected {expected}")
 
 
 # Regular files move through the staging buffers in parallel pieces (preadv/pwrite release the
@@ -309,7 +319,8 @@ def warm_up(device: str | int) -> threading.Thread:
 class CudaMemory:
     """An allocation on a GPU, mapped into this process (see the module docstring)."""
 
-    def __init__(self, fd: int, info: Allocation, writable: bool, chunk: int = CUDA_CHUNK):
+    def __init__(self, fds: list[int], info: Allocation, writable: bool,
+                 chunk: int = CUDA_CHUNK):
         try:
             from . import cudadrv
         except ImportError as exc:  # pragma: no cover - cudadrv itself imports nothing
@@ -317,24 +328,28 @@ class CudaMemory:
         self.cu, self.chunk, self.writable = cudadrv, chunk, writable
         self.capacity: int = info["capacity"]  # type: ignore[assignment]  # open: not pending
         self._stager = None
+        # A slot's fd is its slab's (region_of): the slab is mapped whole, as a CUDA handle
+        # maps only from offset 0, and the allocation begins `offset` bytes into it. Memory
+        # of several extents: each fd mapped after the one before, into one range.
+        offset, span = region_of(info)
+        sizes = info.get("extents") or [span or self.capacity]
+        handles: list[int] = []
         try:
             self.device = cudadrv.device_index(info["device"])  # type: ignore[arg-type]
             with cudadrv.context(self.device):
-                handle = cudadrv.import_fd(fd)
-        except cudadrv.CudaError as exc:
+                for fd in fds:
+                    handles.append(cudadrv.import_fd(fd))
+            self.mapping = cudadrv.Mapping(list(zip(handles, sizes, strict=True)),
+                                           sum(sizes), self.device, writable)
+        except (cudadrv.CudaError, ValueError) as exc:
+            if handles:
+                with cudadrv.context(self.device):
+                    for handle in handles:
+                        cudadrv.release(handle)
             raise _client_error(info, exc) from None
         finally:
-            os.close(fd)
-        # A slot's fd is its slab's (region_of): the slab is mapped whole, as a CUDA handle
-        # maps only from offset 0, and the allocation begins `offset` bytes into it.
-        offset, span = region_of(info)
-        try:
-            self.mapping = cudadrv.Mapping(handle, span or self.capacity, self.device,
-                                           writable)
-        except cudadrv.CudaError as exc:
-            with cudadrv.context(self.device):
-                cudadrv.release(handle)
-            raise _client_error(info, exc) from None
+            for fd in fds:
+                os.close(fd)
         self.ptr = self.mapping.ptr + offset
 
     def stager(self, length: int):

@@ -52,6 +52,16 @@ class Buffer(abc.ABC):
     capacity: int
     device: str          # device UUID
 
+    @property
+    def descriptors(self) -> int:
+        """The fds gpumemd holds for it: one per extent (CudaBuffer), else one."""
+        return 1
+
+    @property
+    def layout(self) -> list[int] | None:
+        """Its extents' sizes where there are several, else None."""
+        return None
+
 
 BufferT = TypeVar("BufferT", bound=Buffer)   # the Buffer subclass a backend makes and takes
 
@@ -117,13 +127,24 @@ class Backend(abc.ABC, Generic[BufferT]):
     def export(self, buf: BufferT, writable: bool) -> int:
         """A new fd for a client; the caller closes it after sending."""
 
+    def export_all(self, buf: BufferT, writable: bool) -> list[int]:
+        """New fds for a client, one per extent of `buf` (`layout` says their sizes)."""
+        return [self.export(buf, writable)]
+
     @abc.abstractmethod
     def keeper_fds(self, buf: BufferT) -> list[int]:
         """New fds that let the keeper hold the memory; the caller closes them after sending."""
 
     @abc.abstractmethod
-    def adopt(self, fds: list[int], capacity: int, device: str) -> BufferT:
-        """Rebuild a buffer from fds the keeper kept. Takes ownership of `fds`."""
+    def adopt(self, fds: list[int], capacity: int, device: str,
+              layout: list[int] | None = None) -> BufferT:
+        """Rebuild a buffer from fds the keeper kept. Takes ownership of `fds`. `layout`:
+        the sizes of the extents the first fds are (the deposit's meta said), else one."""
+
+    def regrow(self, buf: BufferT, capacity: int) -> BufferT | None:
+        """A buffer of `capacity` that shares `buf`'s memory where it can (extents), or
+        None: the caller allocates new memory and copies (docs/storage.md)."""
+        return None
 
     @abc.abstractmethod
     def read(self, buf: BufferT, offset: int, length: int) -> bytes: ...

@@ -4,7 +4,10 @@
   index or UUID; the creation step has already rounded the capacity to DeviceInfo.granularity, the
   driver's real granularity. Out of memory becomes NoMemory naming the device, its free bytes
   (cuMemGetInfo) and the request.
-- export / keeper_fds: a dup of the buffer's one shareable fd. That fd is exported once, at
+- extents: a buffer is a list of backend allocations (one for memory made at once); a
+  resize of large memory appends or drops extents instead of copying (regrow;
+  docs/storage.md, "Extents, as built"), and every mapping maps them one after another.
+- export / keeper_fds: a dup of each extent's shareable fd. That fd is exported once, at
   allocation (cuMemExportToShareableHandle), or is the very fd the memory was imported from
   after a restart: the driver refuses to export a handle that was itself imported
   (CUDA_ERROR_INVALID_VALUE, seen on an H100 with driver 580), and a dup costs microseconds
@@ -33,16 +36,43 @@ from .base import Backend, BackendUnavailable, Buffer, DeviceInfo
 log = logging.getLogger("gpumemd")
 FREE_CACHE_SECONDS = 0.01   # how old a device's free bytes may be (CudaBackend._free_of)
 STAGING_CHUNK = 16 << 20     # the daemon's own I/O is small; clients bring their own buffers
+# A resize of memory this large or larger appends or drops extents instead of copying the
+# whole (CudaBackend.regrow); below it a copy costs less than the descriptors extents hold.
+EXTENT_MIN = 64 << 20
+MAX_EXTENTS = 8              # past this a resize copies into one extent again
+
+
+@dataclasses.dataclass(eq=False)
+class Extent:
+    """One backend allocation (a cuMemCreate handle, or one imported from the keeper's fd)
+    of the extents a buffer is made of. A resize's new buffer lists the old one's extents
+    too (CudaBackend.regrow): each is released when the last buffer listing it is freed."""
+    handle: int                  # 0 once released
+    size: int
+    share_fd: int = -1           # the POSIX fd clients and the keeper get dups of
+    refs: int = 1                # buffers that list it
 
 
 @dataclasses.dataclass(eq=False)
 class CudaBuffer(Buffer):
-    handle: int | None           # cuMemCreate/cuMemImport handle; None once freed
+    extents: list[Extent]        # in order; one for memory made at once; empty once freed
     capacity: int
     device: str                  # device UUID (what the registry stores)
     index: int                   # the device's ordinal in this process
-    share_fd: int = -1           # the POSIX fd clients and the keeper get dups of
     mapping: cudadrv.Mapping | None = None   # the daemon's read-write mapping, made lazily
+
+    @property
+    def handle(self) -> int | None:
+        return self.extents[0].handle if self.extents else None
+
+    @property
+    def descriptors(self) -> int:
+        return len(self.extents)
+
+    @property
+    def layout(self) -> list[int] | None:
+        """The extents' sizes where there are several (a deposit's meta, an attach's reply)."""
+        return [e.size for e in self.extents] if len(self.extents) > 1 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,81 +159,147 @@ class CudaBackend(Backend[CudaBuffer]):
     # ---- memory ------------------------------------------------------------------------
     def allocate(self, capacity: int, device: str, label: str) -> CudaBuffer:
         dev = self.device(device)
-        self.check_free(dev, capacity)
+        return CudaBuffer(extents=[self._extent(dev, capacity)], capacity=capacity,
+                          device=dev.uuid, index=dev.index)
+
+    def _extent(self, dev: DeviceInfo, size: int) -> Extent:
+        """New device memory of `size` bytes, exported once for the keeper and clients."""
+        self.check_free(dev, size)
         self._free.clear()
         try:
-            handle = cudadrv.mem_create(capacity, dev.index)
+            handle = cudadrv.mem_create(size, dev.index)
         except cudadrv.CudaOutOfMemory:
             # cuMemGetInfo said there was room, but the driver disagrees (its own reserve,
             # another process racing us): same answer as the check above.
-            raise self.no_memory(dev, capacity, cudadrv.mem_get_info(dev.index)[0]) from None
-        buf = CudaBuffer(handle=handle, capacity=capacity, device=dev.uuid, index=dev.index)
+            raise self.no_memory(dev, size, cudadrv.mem_get_info(dev.index)[0]) from None
+        extent = Extent(handle, size)
         try:
             with cudadrv.context(dev.index):
-                buf.share_fd = cudadrv.export_fd(handle)
+                extent.share_fd = cudadrv.export_fd(handle)
         except BaseException:
-            self.free(buf)
+            self._release(extent, dev.index)
             raise
-        return buf
+        return extent
+
+    def _release(self, extent: Extent, index: int) -> None:
+        extent.refs -= 1
+        if extent.refs > 0 or not extent.handle:
+            return
+        with cudadrv.context(index):
+            cudadrv.release(extent.handle)
+        extent.handle = 0
+        self._free.clear()
+        if extent.share_fd >= 0:
+            os.close(extent.share_fd)
+            extent.share_fd = -1
 
     def free(self, buf: CudaBuffer) -> None:
-        if buf.handle is None:
+        if not buf.extents:
             return
         if buf.mapping is not None:
             buf.mapping.close(release_handle=False)
             buf.mapping = None
-        with cudadrv.context(buf.index):
-            cudadrv.release(buf.handle)
-        buf.handle = None
-        self._free.clear()
-        if buf.share_fd >= 0:
-            os.close(buf.share_fd)
-            buf.share_fd = -1
+        extents, buf.extents = buf.extents, []
+        for extent in extents:
+            self._release(extent, buf.index)
+
+    # ---- extents: a large allocation resized without copying it (docs/storage.md) ---------
+    def regrow(self, buf: CudaBuffer, capacity: int) -> CudaBuffer | None:
+        """A new buffer of `capacity` over `buf`'s memory: growing appends one extent,
+        shrinking keeps the extents that end within `capacity` and replaces the one it
+        cuts by a copy of its part kept. None where that would not pay (a buffer below
+        EXTENT_MIN, or one with MAX_EXTENTS already): the caller copies into new memory.
+        `buf` stays valid; freeing either buffer releases only the extents the other does
+        not list."""
+        if min(capacity, buf.capacity) < EXTENT_MIN or not buf.extents:
+            return None
+        kept, at = [], 0
+        for extent in buf.extents:
+            if at + extent.size > capacity:
+                break
+            kept.append(extent)
+            at += extent.size
+        if len(kept) + (at < capacity) > MAX_EXTENTS:
+            return None
+        dev = self.device(buf.device)
+        new = CudaBuffer(extents=[*kept], capacity=capacity, device=buf.device,
+                         index=buf.index)
+        for extent in kept:
+            extent.refs += 1
+        try:
+            if at < capacity:
+                new.extents.append(self._extent(dev, capacity - at))
+                if capacity < buf.capacity:      # the cut extent: its kept part copied
+                    self.copy(buf, new, capacity - at, at, at)
+        except BaseException:
+            self.free(new)
+            raise
+        return new
 
     def export(self, buf: CudaBuffer, writable: bool) -> int:
         # `writable` cannot be expressed in the fd (see the module docstring).
-        return os.dup(buf.share_fd)
+        if len(buf.extents) != 1:
+            raise InvalidState("memory made of several extents is exported as a list "
+                               "(export_all)")
+        return os.dup(buf.extents[0].share_fd)
+
+    def export_all(self, buf: CudaBuffer, writable: bool) -> list[int]:
+        return [os.dup(e.share_fd) for e in buf.extents]
 
     def keeper_fds(self, buf: CudaBuffer) -> list[int]:
-        return [os.dup(buf.share_fd)]
+        return [os.dup(e.share_fd) for e in buf.extents]
 
-    def adopt(self, fds: list[int], capacity: int, device: str) -> CudaBuffer:
-        fd, extra = fds[0], fds[1:]
+    def adopt(self, fds: list[int], capacity: int, device: str,
+              layout: list[int] | None = None) -> CudaBuffer:
+        """`layout`: the extents' sizes, one fd each (a deposit's meta); None: one extent
+        of `capacity`, and any fd past the first is closed."""
+        sizes = layout or [capacity]
+        mine, extra = fds[:len(sizes)], fds[len(sizes):]
         for other in extra:
             os.close(other)
+        buf = CudaBuffer(extents=[], capacity=capacity, device=device, index=-1)
         try:
+            if len(mine) != len(sizes) or sum(sizes) != capacity:
+                raise InvalidState(f"kept memory of {len(mine)} extent(s), "
+                                   f"{sum(sizes)} bytes, for a capacity of {capacity}")
             dev = self._by_uuid(device)
-            with cudadrv.context(dev.index):
-                handle = cudadrv.import_fd(fd)
+            buf.device, buf.index = dev.uuid, dev.index
+            while mine:
+                fd, size = mine.pop(0), sizes[len(buf.extents)]
+                try:
+                    with cudadrv.context(dev.index):
+                        handle = cudadrv.import_fd(fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                # Keep the fd: it is how this memory is shared from now on (docstring).
+                buf.extents.append(Extent(handle, size, fd))
             self._free.clear()
+            self._verify_adopted(buf)
         except BaseException:
-            os.close(fd)
-            raise
-        # Keep the fd: it is how this memory is shared from now on (module docstring).
-        buf = CudaBuffer(handle=handle, capacity=capacity, device=dev.uuid, index=dev.index,
-                         share_fd=fd)
-        try:
-            self._verify_adopted(buf, handle)
-        except BaseException:
+            for fd in mine:
+                os.close(fd)
             self.free(buf)
             raise
         return buf
 
-    def _verify_adopted(self, buf: CudaBuffer, handle: int) -> None:
-        """Kept memory (`handle`, just imported into `buf`) must be on the registry's device
-        and exactly `capacity` bytes."""
+    def _verify_adopted(self, buf: CudaBuffer) -> None:
+        """Kept memory (just imported into `buf`) must be on the registry's device and
+        exactly `capacity` bytes, each extent exactly its size."""
         with cudadrv.context(buf.index):
-            try:
-                actual = cudadrv.handle_device(handle)
-            except cudadrv.CudaError as exc:    # cannot tell: the size checks still run
-                log.warning("cannot read the device of kept memory on %s: %s", buf.device, exc)
-                actual = buf.index
-            if actual != buf.index:
-                raise InvalidState(f"kept memory is on device {actual}, the registry says "
-                                   f"{buf.index} ({buf.device})")
-            if cudadrv.extends_beyond(handle, buf.capacity, buf.index):
-                raise InvalidState(f"kept memory is larger than the registry's capacity "
-                                   f"{buf.capacity}")
+            for extent in buf.extents:
+                try:
+                    actual = cudadrv.handle_device(extent.handle)
+                except cudadrv.CudaError as exc:   # cannot tell: the size checks still run
+                    log.warning("cannot read the device of kept memory on %s: %s",
+                                buf.device, exc)
+                    actual = buf.index
+                if actual != buf.index:
+                    raise InvalidState(f"kept memory is on device {actual}, the registry "
+                                       f"says {buf.index} ({buf.device})")
+                if cudadrv.extends_beyond(extent.handle, extent.size, buf.index):
+                    raise InvalidState(f"kept memory is larger than the registry's "
+                                       f"capacity {buf.capacity}")
         try:
             self._mapping(buf)      # mapping all of `capacity` fails if the memory is smaller
         except cudadrv.CudaInvalidValue:
@@ -212,10 +308,11 @@ class CudaBackend(Backend[CudaBuffer]):
 
     # ---- the daemon's own I/O ------------------------------------------------------------
     def _mapping(self, buf: CudaBuffer) -> cudadrv.Mapping:
-        if buf.handle is None:
+        if not buf.extents:
             raise InvalidState("the allocation's memory has been freed")
         if buf.mapping is None:
-            buf.mapping = cudadrv.Mapping(buf.handle, buf.capacity, buf.index, writable=True)
+            buf.mapping = cudadrv.Mapping([(e.handle, e.size) for e in buf.extents],
+                                          buf.capacity, buf.index, writable=True)
         return buf.mapping
 
     def _stager(self, index: int) -> cudadrv.Stager:

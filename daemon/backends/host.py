@@ -96,10 +96,15 @@ class HostBackend(Backend[HostBuffer]):
     def keeper_fds(self, buf: HostBuffer) -> list[int]:
         return [os.dup(buf.fd)]
 
-    def adopt(self, fds: list[int], capacity: int, device: str) -> HostBuffer:
+    def adopt(self, fds: list[int], capacity: int, device: str,
+              layout: list[int] | None = None) -> HostBuffer:
         fd, extra = fds[0], fds[1:]
         for other in extra:
             os.close(other)
+        if layout is not None and len(layout) > 1:   # a memfd grows in place: one extent
+            os.close(fd)
+            raise InvalidState(f"kept memory of {len(layout)} extents; the host backend "
+                               "makes one")
         actual = os.fstat(fd).st_size
         if actual > capacity:
             # A resize in place grows the memfd before the registry commits the capacity,

@@ -26,9 +26,10 @@ DOUBLING = {"cuda"}
 
 
 class PackedBackend(Backend):
-    def __init__(self, raw: Backend, *, slabs: bool = True):
+    def __init__(self, raw: Backend, *, slabs: bool = True, extents: bool = True):
         self.raw = raw
         self.packing = slabs
+        self.extents = extents        # resizes by extents where the backend can (regrow)
         self.arenas = ArenaPool(raw)      # parity spans (daemon/backends/arenas.py)
         self.pool = SlabPool(raw, self.arenas)
         # What the backend is, as plain attributes (a test may set them, as on a backend).
@@ -36,7 +37,8 @@ class PackedBackend(Backend):
         self.fd_grants_write = raw.fd_grants_write
         self.resizes_in_place = raw.resizes_in_place
         self.fresh_memory_is_zero = raw.fresh_memory_is_zero
-        self.own_buffers = 0          # buffers of memory of its own alive (_count_own)
+        self.own_buffers = 0          # descriptors of memory of its own alive (_count_own)
+        self.own_extra = 0            # of which extents past a buffer's first
         self.own_generation = 0       # changes to that count, for the per-uid cache
 
     # ---- what the backend is: forwarded ---------------------------------------------------
@@ -69,14 +71,24 @@ class PackedBackend(Backend):
     # ---- the Backend interface, translated for slots ----------------------------------------
     def allocate(self, capacity: int, device: str, label: str) -> Buffer:
         buf = self.raw.allocate(capacity, device, label)
-        self._count_own(1)
+        self._count_own(buf)
         return buf
 
-    def _count_own(self, change: int) -> None:
-        """Memory of its own (not a slab's), each buffer one descriptor in gpumemd: the fd
-        budget reads the count (FdBudget.require) instead of walking every allocation."""
-        self.own_buffers += change
+    def _count_own(self, buf, sign: int = 1) -> None:
+        """Memory of its own (not a slab's), a descriptor in gpumemd per extent: the fd
+        budget reads the count (FdBudget.require) instead of walking every allocation. A
+        regrown buffer counts the extents it shares with the old one until that is freed."""
+        self.own_buffers += sign * buf.descriptors
+        self.own_extra += sign * (buf.descriptors - 1)
         self.own_generation += 1
+
+    def regrow(self, buf, capacity: int):
+        if not self.extents or isinstance(buf, (Slot, SlotParity, ParitySpan)):
+            return None
+        new = self.raw.regrow(buf, capacity)
+        if new is not None:
+            self._count_own(new)
+        return new
 
     def free(self, buf, zeroed: bool = False) -> None:
         """`zeroed`: a slot the caller zeroed and encoded (Slab.give_back)."""
@@ -88,13 +100,18 @@ class PackedBackend(Backend):
         elif isinstance(buf, ParitySpan):
             self.arenas.release(buf)
         elif not isinstance(buf, SlotParity):
+            self._count_own(buf, -1)
             self.raw.free(buf)
-            self._count_own(-1)
 
     def export(self, buf, writable: bool) -> int:
         if isinstance(buf, ParitySpan):   # an arena holds every owner's parity
             raise InternalError("a parity arena is never exported")
         return self.raw.export(_memory(buf), writable)
+
+    def export_all(self, buf, writable: bool) -> list[int]:
+        if isinstance(buf, (Slot, SlotParity, ParitySpan)):
+            return [self.export(buf, writable)]
+        return self.raw.export_all(buf, writable)
 
     def keeper_fds(self, buf) -> list[int]:
         if isinstance(buf, (Slot, SlotParity)):
@@ -103,9 +120,10 @@ class PackedBackend(Backend):
             raise InternalError("a parity span is kept with its arena, never on its own")
         return self.raw.keeper_fds(buf)
 
-    def adopt(self, fds: list[int], capacity: int, device: str) -> Buffer:
-        buf = self.raw.adopt(fds, capacity, device)
-        self._count_own(1)
+    def adopt(self, fds: list[int], capacity: int, device: str,
+              layout: list[int] | None = None) -> Buffer:
+        buf = self.raw.adopt(fds, capacity, device, layout)
+        self._count_own(buf)
         return buf
 
     def read(self, buf, offset: int, length: int) -> bytes:

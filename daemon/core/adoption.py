@@ -53,6 +53,7 @@ class Adoption:
         self.parity = parity
         self.custody = custody      # deposits and frees, in its crash-safe order
         self.arenas = custody.arenas
+        self.metas: dict[int, dict] = {}   # the keeper's deposit metas, during a start
 
     # ---- start-up: what the keeper holds against what the registry lists -------------------
     def reconcile_at_start(self, orphans: str,
@@ -68,6 +69,7 @@ class Adoption:
         self.keeper.ensure_running()
         kept = self.keeper.fetch_all()
         metas = self.keeper.entries()
+        self.metas = metas or {}
         strays = self.take_strays(kept, metas, orphans)
         self.arenas.adopt_all(kept)      # the arena keys leave `kept`, before the slabs
         slabs_lost = self.custody.slabs.adopt_all(kept)     # the slab keys leave `kept`
@@ -104,6 +106,7 @@ class Adoption:
         for key in recovered:       # committed under new ids: the old keys may go now
             self.custody.withdraw_quietly(key)
         self.adopt_identity(metas)
+        self.metas = {}
         return summary
 
     def _note_interrupted_writers(self, rows) -> None:
@@ -256,10 +259,11 @@ class Adoption:
         copies = [(k, f) for k, f in ((alloc.id, fds), (-alloc.id, staged)) if f is not None]
         error: Exception | None = None
         for i, (key, kept_fds) in enumerate(copies):
-            data_fds, parity_fds = kept_fds[:1], kept_fds[1:]
+            layout = layout_of(self.metas.get(key))
+            data_fds, parity_fds = kept_fds[:len(layout or [0])], kept_fds[len(layout or [0]):]
             try:
                 alloc.buffer = self.backend.adopt(data_fds, alloc.capacity or 0,
-                                                  alloc.device or "")
+                                                  alloc.device or "", layout)
             except Exception as exc:  # noqa: BLE001 - this copy is not the committed one
                 error = exc
                 for fd in parity_fds:
@@ -396,17 +400,19 @@ class Adoption:
         except Exception as exc:  # noqa: BLE001 - freed instead, and said so
             self.free_orphan(key, fds, f"cannot be re-registered: {exc}")
             return False
-        for fd in fds[1:]:
+        layout = layout_of(meta)
+        data = len(layout or [0])
+        for fd in fds[data:]:
             os.close(fd)
         try:
-            buf = self.backend.adopt(fds[:1], capacity, dev.uuid)
+            buf = self.backend.adopt(fds[:data], capacity, dev.uuid, layout)
         except Exception as exc:  # noqa: BLE001 - the backend closed the fd
             self.free_orphan(key, [], f"cannot be re-registered: {exc}")
             return False
         alloc = self.ns.insert_node(
             Allocation, directory, entry_name(key), DAEMON, 0o600, size=capacity,
             capacity=capacity, device=dev.uuid, durable=True, state="ready",
-            ecc=orphan_ecc(fds, meta), buffer=buf)
+            ecc=orphan_ecc(fds[data - 1:], meta), buffer=buf)
         self.custody.deposit(alloc)
         self.journal.event("adopt", alloc, None, capacity=capacity, key=key, recovered=True)
         log.warning("re-registered the memory the keeper held under key %d as '%s'", key,
@@ -438,6 +444,16 @@ class Adoption:
         with self.journal.change(durable=False):
             self.journal.event("keeper", None, None, action=action, redeposited=count)
         return count
+
+
+def layout_of(meta: dict | None) -> list[int] | None:
+    """The extents' sizes a deposit's meta records (memory of several extents: one fd
+    each, before any parity fd), else None: one data fd."""
+    layout = (meta or {}).get("extents")
+    if isinstance(layout, list) and len(layout) > 1 and \
+            all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in layout):
+        return layout
+    return None
 
 
 def orphan_ecc(fds: list[int], meta: dict | None) -> str:

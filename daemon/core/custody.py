@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory
+from gpumemctl.protocol import Busy, InternalError, InvalidState, NoMemory, format_size
 
 from ..backends.arenas import ParitySpan
 from ..backends.packed import PackedBackend
@@ -141,6 +141,8 @@ class Custody:
                 "registry": self.registry.identity.instance}
         if isinstance(alloc.parity, ParitySpan):    # no parity fd to tell its ECC by
             meta["ecc"] = alloc.ecc                 # (--adopt-orphans: orphan_ecc)
+        if alloc.buffer.layout is not None:         # which fds are its extents
+            meta["extents"] = alloc.buffer.layout
         return Deposit(alloc.id, f"make '{alloc.path or alloc.name}' durable", fds, meta,
                        (alloc.buffer, alloc.parity))
 
@@ -240,9 +242,11 @@ class Custody:
 
     def stage(self, key: int, buf, capacity: int, device: str) -> None:
         """Deposit a resize's new memory under the staging key -id (reallocate)."""
-        self.send(Deposit(key, "keep the resized memory", self.backend.keeper_fds(buf),
-                          {"capacity": capacity, "device": device,
-                           "registry": self.registry.identity.instance}))
+        meta = {"capacity": capacity, "device": device,
+                "registry": self.registry.identity.instance}
+        if buf.layout is not None:
+            meta["extents"] = buf.layout
+        self.send(Deposit(key, "keep the resized memory", self.backend.keeper_fds(buf), meta))
 
     def require_could_fit(self, dev, size: int, ecc: str) -> None:
         """NoMemory with errno EFBIG for a size no device could ever hold: its footprint
@@ -300,17 +304,24 @@ class Custody:
                     capacity: int, commit: Callable[[], None]) -> None:
         if self._resize_in_place(alloc, dev, size, capacity, commit):
             return
-        if not self.backend.packs(capacity, dev):
-            self.backend.check_free(dev, capacity, requested=size)
-        new = self.allocate(dev, size, capacity, alloc.ecc, alloc.path, uid=alloc.uid)
         old, old_size = alloc.buffer, alloc.size
+        kept_bytes = min(old_size, size)
+        # Large memory on cuda: the new buffer shares the old one's extents (no copy);
+        # the keeper learns the new list under -id as for new memory (below).
+        # (A keeper without meta, systemd's fd store, could not tell extents apart.)
+        new = self.backend.regrow(old, capacity) if self.keeper.keeps_meta else None
+        regrown = new is not None       # it holds the old memory's bytes already
+        if new is None:
+            if not self.backend.packs(capacity, dev):
+                self.backend.check_free(dev, capacity, requested=size)
+            new = self.allocate(dev, size, capacity, alloc.ecc, alloc.path, uid=alloc.uid)
         kept = alloc.durable and not alloc.unlinked
         # A slot needs no deposit (its slab is kept), and memory of its own is staged
         # under -id; after the commit, what the keeper held of the old memory goes.
         staged = kept and not isinstance(new, Slot)
         try:
-            kept_bytes = min(old_size, size)
-            self.backend.copy(old, new, kept_bytes)
+            if not regrown:
+                self.backend.copy(old, new, kept_bytes)
             if size > kept_bytes:
                 self.backend.zero(new, kept_bytes, size)
             if staged:
@@ -377,3 +388,15 @@ class Custody:
                                "reset); `gpumemctl recover` tells more")
         if alloc.buffer is None:
             raise InvalidState(f"'{alloc.path}' has no memory yet (state {alloc.state})")
+
+
+def require_extents_mapped(alloc: Allocation, extents: bool, what: str) -> None:
+    """Memory made of several extents goes out as one fd each (info's `extents`), which
+    only a client that says so (`extents: true`) maps; an older one would map the first
+    extent as if it were all (docs/protocol.md, "Extents")."""
+    layout = alloc.buffer.layout if alloc.buffer is not None else None
+    if layout is not None and not extents:
+        raise InvalidState(f"'{alloc.path}' is made of {len(layout)} extents (it grew past "
+                           f"{format_size(layout[0])} without a copy), which this client "
+                           f"cannot {what}: upgrade gpumemctl on the client side "
+                           "(docs/protocol.md, \"Extents\")")

@@ -143,6 +143,8 @@ def describe(node: Node, *, holders: bool = False, path: str | None = None,
         "snapshot": node.snapshot,
         "snapshot_time": iso(node.snapshot_ns) if node.snapshot_ns else None,
     }
+    if node.buffer is not None and (layout := node.buffer.layout) is not None:
+        info["extents"] = layout        # memory of several extents (docs/storage.md)
     if holders:
         info["holders"] = [h.to_dict()  # type: ignore[misc]  # nodes.Holder.to_dict: a dict
                            for h in node.holders.values()]

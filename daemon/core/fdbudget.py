@@ -67,7 +67,8 @@ def fds_of(alloc: Allocation) -> int:
     for a slot: its slab's are counted once, FdBudget.watch's `slabs`)."""
     if isinstance(alloc.buffer, Slot):
         return 0
-    return (alloc.buffer is not None) + (alloc.parity is not None)
+    memory = 0 if alloc.buffer is None else getattr(alloc.buffer, "descriptors", 1)
+    return memory + (alloc.parity is not None)
 
 
 def fds_for(ecc: str) -> int:
@@ -101,7 +102,9 @@ class FdBudget:
         # The buffers of memory of its own alive, and a count of changes to them
         # (PackedBackend.own_buffers, .own_generation): the total without a walk of every
         # allocation, and when a uid's walk (cached) must be made again. None: walk.
-        self.own: Callable[[], tuple[int, int]] | None = None
+        # Third: the extents past a buffer's first (CudaBuffer), which the bounds below,
+        # two descriptors a name, do not cover.
+        self.own: Callable[[], tuple[int, int, int]] | None = None
         self._per_uid: tuple[tuple[int, int], dict[int, int]] | None = None
 
     def watch(self, allocations: Callable[[], list[Allocation]],
@@ -129,7 +132,8 @@ class FdBudget:
         limit = self.allocations if admin else self.for_users
         kept = self._kept()
         slabs = self.slab_fds(None)
-        if FDS_PER_ALLOCATION * (self._nodes() + len(kept)) + slabs + more > limit:
+        extra = self.own()[2] if self.own is not None else 0
+        if FDS_PER_ALLOCATION * (self._nodes() + len(kept)) + slabs + extra + more > limit:
             used = (self.own()[0] if self.own is not None else
                     self._used(self._allocations() + kept)) + slabs
             if used + more > limit:
@@ -137,7 +141,7 @@ class FdBudget:
         if uid is None or admin:
             return
         slabs = self.slab_fds(uid)
-        if FDS_PER_ALLOCATION * (self._names_of(uid) + len(kept)) + slabs + more > \
+        if FDS_PER_ALLOCATION * (self._names_of(uid) + len(kept)) + slabs + extra + more > \
                 self.per_uid:
             if (mine := self._used_by(uid, kept) + slabs) + more > self.per_uid:
                 raise self._share_error(uid, mine, more)

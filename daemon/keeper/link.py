@@ -68,6 +68,7 @@ class KeeperStalled(KeeperGone):
 
 class ProcessKeeper:
     kind = "process"
+    keeps_meta = True          # a deposit's meta comes back (entries): extents can be told
 
     def __init__(self, state_dir: str):
         self.path = os.path.join(state_dir, "keeper.sock")
@@ -316,6 +317,7 @@ class SystemdFdStore:
     `limit` (FdStoreFull) before sending anything. `limit` is $FDSTORE where systemd sets it
     (254 and later), else the `fd_store_max` configuration key (docs/operations.md)."""
     kind = "systemd"
+    keeps_meta = False         # names and fds only: memory of several extents is not kept
     stalled = False            # notifications are datagrams: nothing to wait for
 
     def __init__(self, limit: int, limit_from: str = "the configuration's fd_store_max"):

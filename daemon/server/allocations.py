@@ -67,11 +67,11 @@ async def durable(call: Call) -> Reply:
 
 
 async def open_(call: Call) -> Reply:
-    holder, fd, node = call.verbs.handles.open(call.args["path"], call.session.cred,
-                                               call.session, call.args["mode"],
-                                               call.args["regions"])
+    holder, fds, node = call.verbs.handles.open(call.args["path"], call.session.cred,
+                                                call.session, call.args["mode"],
+                                                call.args["regions"], call.args["extents"])
     return {"handle": holder.id, "info": node,
-            "backend": call.verbs.reports.backend_name}, [fd]
+            "backend": call.verbs.reports.backend_name}, fds
 
 
 async def read(call: Call) -> Reply:
@@ -93,12 +93,12 @@ async def close(call: Call) -> Reply:
 async def refill(call: Call) -> Reply:
     """A handle to fill an allocation from a snapshot (daemon/verbs/refill.py)."""
     a = call.args
-    holder, fd, node = call.verbs.refill.begin_refill(
+    holder, fds, node = call.verbs.refill.begin_refill(
         a["path"], call.session.cred, call.session, size=a["size"], mode=a["mode"],
         ecc=a["ecc"], durable=a["durable"], device=a["device"], force=a["force"],
-        unsealed=a["unsealed"], metadata=a["metadata"])
+        unsealed=a["unsealed"], metadata=a["metadata"], extents=a["extents"])
     return {"handle": holder.id, "info": node,
-            "backend": call.verbs.reports.backend_name}, [fd]
+            "backend": call.verbs.reports.backend_name}, fds
 
 
 async def meta_list(call: Call) -> Reply:
@@ -132,11 +132,11 @@ async def revoke(call: Call) -> Reply:
 
 
 async def attach(call: Call) -> Reply:
-    holder, fd, node = call.verbs.handles.attach(call.args["path"], call.session.cred,
-                                                 call.session, call.args["mode"],
-                                                 call.args["regions"])
+    holder, fds, node = call.verbs.handles.attach(call.args["path"], call.session.cred,
+                                                  call.session, call.args["mode"],
+                                                  call.args["regions"], call.args["extents"])
     return {"handle": holder.id, "info": node,
-            "backend": call.verbs.reports.backend_name}, [fd]
+            "backend": call.verbs.reports.backend_name}, fds
 
 
 async def detach(call: Call) -> Reply:

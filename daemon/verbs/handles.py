@@ -18,7 +18,7 @@ from gpumemctl.protocol import GpumemError, PermissionDenied, UsageError
 
 from ..backends.packed import PackedBackend
 from ..backends.slabs import region
-from ..core.custody import Custody
+from ..core.custody import Custody, require_extents_mapped
 from ..core.describe import describe
 from ..core.holders import ATTACH_KINDS, HANDLE_KINDS, MOUNT_KINDS, Holders
 from ..core.integrity import Integrity, ParityJob
@@ -142,25 +142,27 @@ class HandleVerbs:
 
     # ---- handles and attachments (the socket) -------------------------------------------------
     def open(self, path: str, cred: Credentials, session: Session, mode: str,
-             regions: bool = False):
-        """Open for I/O by fd passing. Returns (holder, fd, info). One writer or many
+             regions: bool = False, extents: bool = False):
+        """Open for I/O by fd passing. Returns (holder, fds, info). One writer or many
         readers: a conflicting request is busy. `regions`: the client maps a region of
         what the fd holds (info's `region`), so an allocation in its owner's slab may stay
-        there (docs/storage.md, "The export rule")."""
-        alloc, holder, fd = self._lock_and_export(path, cred, session, mode, HANDLE_KINDS,
-                                                  "open", regions)
-        return holder, fd, self._with_region(describe(alloc, cred=cred), alloc)
+        there (docs/storage.md, "The export rule"). `extents`: the client maps memory made
+        of several extents (one fd each, info's `extents`); without it, such memory is
+        refused."""
+        alloc, holder, fds = self._lock_and_export(path, cred, session, mode, HANDLE_KINDS,
+                                                   "open", regions, extents)
+        return holder, fds, self._with_region(describe(alloc, cred=cred), alloc)
 
     def attach(self, path: str, cred: Credentials, session: Session, mode: str,
-               regions: bool = False):
+               regions: bool = False, extents: bool = False):
         """Like open, for a client that maps the memory and keeps it mapped. Read-write
         makes the allocation `unsealed` until the writer detaches or seals: its parity
         cannot follow writes it does not see."""
-        alloc, holder, fd = self._lock_and_export(path, cred, session, mode, ATTACH_KINDS,
-                                                  "attach", regions)
+        alloc, holder, fds = self._lock_and_export(path, cred, session, mode, ATTACH_KINDS,
+                                                   "attach", regions, extents)
         # With its metadata: a tensor index read here is the one of the memory attached
         # (gpumemctl.tensors), whatever changes after. Attaching needs read permission.
-        return holder, fd, self._with_region(
+        return holder, fds, self._with_region(
             describe(alloc, holders=True, metadata=True, cred=cred), alloc)
 
     def _with_region(self, info: NodeInfo, alloc: Allocation) -> NodeInfo:
@@ -172,7 +174,8 @@ class HandleVerbs:
         return info
 
     def _lock_and_export(self, path: str, cred: Credentials, session: Session, mode: str,
-                         kinds: dict, what: str, regions: bool = False):
+                         kinds: dict, what: str, regions: bool = False,
+                         extents: bool = False):
         """Permission, memory present, the lock; then a new fd, and in one change the holder
         of kinds[mode] with what a writer brings: a handle's WRITING mark, an attachment's
         `unsealed`. If that change fails, the fd is closed and nothing is left."""
@@ -192,8 +195,9 @@ class HandleVerbs:
             self.sizing.pending.settle_near(alloc)
         if not (regions and self.sizing.shares_slab_with(alloc, cred.uid)):
             self.sizing.own_memory(alloc)  # another's slab never: the slot moves out first
+        require_extents_mapped(alloc, extents, what)
         kind = kinds[mode]
-        fd = self.backend.export(alloc.buffer, writable)
+        fds = self.backend.export_all(alloc.buffer, writable)
         try:
             with self.journal.change(durable=False, batch=True):
                 if kind == "write":
@@ -204,11 +208,12 @@ class HandleVerbs:
                     self.journal.keep(alloc, "unsealed")
                     self.integrity.unseal(alloc)     # its parity cannot follow its writes
         except BaseException:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
             raise
         if kind == "attach-w":
             self.integrity.changed_all(alloc)        # it may write anywhere, unseen
-        return alloc, holder, fd
+        return alloc, holder, fds
 
     def _require_fd_for_reader(self, alloc: Allocation, cred: Credentials) -> None:
         """Where an fd lets its holder write (Backend.fd_grants_write: cuda), a caller gets
@@ -468,3 +473,4 @@ def _stamp_written(alloc: Allocation) -> None:
     if alloc.modified_ns == modified_then:
         alloc.modified_ns = let_go
     alloc.changed_ns = max(alloc.changed_ns, let_go)
+

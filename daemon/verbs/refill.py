@@ -23,7 +23,7 @@ from ..backends.packed import PackedBackend
 from ..backends.slabs import placement, region
 from ..core import usermeta
 from ..core.creation import Creation, NewAllocation, Request
-from ..core.custody import Custody
+from ..core.custody import Custody, require_extents_mapped
 from ..core.describe import describe
 from ..core.holders import Holders
 from ..core.integrity import Integrity
@@ -56,8 +56,9 @@ class RefillVerbs:
 
     def begin_refill(self, path: str, cred: Credentials, session: Session, *, size: int,
                      mode: int, ecc: str | None, durable: bool, device: str | None,
-                     force: bool, unsealed: bool, metadata: dict | None = None):
-        """Returns (holder, fd, info) of a `write` handle on an allocation now `restoring`.
+                     force: bool, unsealed: bool, metadata: dict | None = None,
+                     extents: bool = False):
+        """Returns (holder, fds, info) of a `write` handle on an allocation now `restoring`.
         `metadata`: the snapshot's user metadata, which becomes the allocation's (all of
         it, replacing what an existing one had) as the restore begins; None: keep it.
 
@@ -84,7 +85,7 @@ class RefillVerbs:
         kept = new is None and found.kept
         was = self._give_memory(found, device) if new is None and found.state == "lost" \
             else None
-        fd = None
+        fds: list[int] = []
         try:
             with self.journal.change(durable=new is None and found.durable):
                 alloc = found if new is None else self._create(new, path, cred, request)
@@ -93,11 +94,12 @@ class RefillVerbs:
                                               capacity=alloc.capacity,
                                               **placement(alloc.buffer))
                 self._enter_restoring(alloc, cred, entries)
-                fd = self.backend.export(alloc.buffer, True)
+                require_extents_mapped(alloc, extents, "restore into")
+                fds = self.backend.export_all(alloc.buffer, True)
                 holder = self.holders.add(alloc, session, "write")
                 self.refills.add(holder.id, Refill(alloc, new is not None, durable, unsealed))
         except BaseException:
-            if fd is not None:
+            for fd in fds:
                 os.close(fd)
             if was is not None:             # lost again, as it was: without memory
                 self.custody.free(found)
@@ -112,7 +114,7 @@ class RefillVerbs:
         info = describe(alloc)
         if (where := region(alloc.buffer)) is not None:   # a slot: the client maps its place
             info["region"] = where  # type: ignore[typeddict-unknown-key]
-        return holder, fd, info
+        return holder, fds, info
 
     def _check_new(self, path: str, cred: Credentials, request: Request) -> NewAllocation:
         """A missing name: where its allocation goes (Creation.check)."""

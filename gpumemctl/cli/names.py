@@ -211,6 +211,8 @@ def _info_value(key: str, value) -> str:
                          for h in value) or "none"
     if key in ("size", "capacity") and value is not None:
         return f"{value} ({format_size(value)})"
+    if key == "extents":       # memory of several backend allocations (docs/storage.md)
+        return f"{len(value)}: " + " + ".join(format_size(n) for n in value)
     if key == "damaged":
         return byte_ranges(value)
     if key == "metadata":

@@ -364,34 +364,51 @@ def extends_beyond(handle: int, size: int, index: int) -> bool:
 
 
 class Mapping:
-    """An allocation handle mapped at a fresh virtual address range of this process, with
-    read-only or read-write access for its device. Owns the handle: close() unmaps, frees
-    the range and releases the handle."""
+    """Allocation handles mapped one after another at a fresh virtual address range of this
+    process, with read-only or read-write access for its device: `pieces` is one handle of
+    `size` bytes, or a list of (handle, bytes) laid out in order (an allocation made of
+    extents: docs/storage.md, "Mapping one object contiguously"). Each piece is mapped
+    from its offset 0 (the driver refuses a non-zero offset into a handle) and unmapped on
+    its own. Owns the handles: close() unmaps, frees the range and releases them."""
 
-    def __init__(self, handle: int, size: int, index: int, writable: bool):
-        self.handle, self.size, self.device, self.writable = handle, size, index, writable
+    def __init__(self, pieces: int | list[tuple[int, int]], size: int, index: int,
+                 writable: bool):
+        self.pieces = [(pieces, size)] if isinstance(pieces, int) else list(pieces)
+        self.handle = self.pieces[0][0]
+        self.size, self.device, self.writable = size, index, writable
+        if sum(n for _, n in self.pieces) != size:
+            raise ValueError(f"pieces of {sum(n for _, n in self.pieces)} bytes for a "
+                             f"mapping of {size}")
         with context(index):
             self.ptr = reserve(size, granularity(index))
+            mapped = 0
             try:
-                map_memory(self.ptr, size, handle)
-            except BaseException:
-                address_free(self.ptr, size)
-                raise
-            try:
+                for handle, n in self.pieces:
+                    map_memory(self.ptr + mapped, n, handle)
+                    mapped += n
                 set_access(self.ptr, size, index, writable)
             except BaseException:
-                unmap(self.ptr, size)
+                self._unmap(mapped)
                 address_free(self.ptr, size)
                 raise
+
+    def _unmap(self, upto: int) -> None:
+        at = 0
+        for _, n in self.pieces:
+            if at >= upto:
+                break
+            unmap(self.ptr + at, n)
+            at += n
 
     def close(self, *, release_handle: bool = True) -> None:
         if not self.ptr:
             return
         with context(self.device):
-            unmap(self.ptr, self.size)
+            self._unmap(self.size)
             address_free(self.ptr, self.size)
             if release_handle:
-                release(self.handle)
+                for handle, _ in self.pieces:
+                    release(handle)
         self.ptr = 0
 
 

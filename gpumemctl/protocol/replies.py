@@ -76,6 +76,10 @@ class Allocation(NodeCommon):
     snapshot: str | None
     snapshot_time: str | None
     holders: NotRequired[list[Holder]]      # info, create, link, seal
+    # The sizes of the extents its memory is made of, where there are several (a large
+    # allocation grown without a copy, cuda backend): open/attach send one fd each.
+    extents: NotRequired[list[int]]
+    region: NotRequired[dict[str, int]]     # open/attach of a slot: {offset, span}
 
 
 Node = Allocation | Directory | Symlink | Special

@@ -56,6 +56,7 @@ class InProcessKeeper:
     """One manager's link to a KeptFds (ProcessKeeper's interface)."""
 
     kind = "process"
+    keeps_meta = True
     stalled = False           # nothing here can stop answering
 
     def __init__(self, holdings: KeptFds):

@@ -99,7 +99,7 @@ def test_held_and_written_objects_stay_and_keep_their_slabs(tmp_path):
     first, second = sorted(by_slab)[:2]
     held = by_slab[first][0]
     session = m.handles.open_session(ROOT)
-    holder, fd, _ = m.handles.open(held, ROOT, session, "r", regions=True)
+    holder, (fd,), _ = m.handles.open(held, ROOT, session, "r", regions=True)
     os.close(fd)
     written = m.queries.lookup_allocation(by_slab[second][0], ROOT)
     written.dirty_from, written.dirty_to = 0, 4096       # written since its last sync
@@ -244,7 +244,7 @@ def test_housekeeping_asks_again_only_when_something_changed(tmp_path):
     for name in kept:
         slab = m.queries.lookup_allocation(name, ROOT).buffer.slab.id
         if slab not in held:
-            held[slab], fd, _ = m.handles.open(name, ROOT, session, "r", regions=True)
+            held[slab], (fd,), _ = m.handles.open(name, ROOT, session, "r", regions=True)
             os.close(fd)
     assert len(held) == 2
     done = run_sync(verbs.auto())

@@ -65,7 +65,7 @@ def test_a_socket_writers_close_stamps_when_it_closed_not_after(world):
     m = world.m
     run_sync(m.names.create("a", ROOT, size=5 * MiB))
     s = m.handles.open_session(ROOT)
-    holder, fd, _ = m.handles.open("a", ROOT, s, "rw")
+    holder, (fd,), _ = m.handles.open("a", ROOT, s, "rw")
     os.close(fd)
     alloc = holder.alloc
     plan = m.handles.close(s, holder.id, written={"offset": 0, "bytes": 10})
@@ -75,7 +75,7 @@ def test_a_socket_writers_close_stamps_when_it_closed_not_after(world):
     last_step(plan)
     assert alloc.modified_ns == _stored(m, alloc) == SET_NS
     # Without anything between the steps, the close moves the time, to its own moment.
-    holder, fd, _ = m.handles.open("a", ROOT, s, "rw")
+    holder, (fd,), _ = m.handles.open("a", ROOT, s, "rw")
     os.close(fd)
     plan = m.handles.close(s, holder.id, written={"offset": 0, "bytes": 10})
     next(plan).job.run()
@@ -88,7 +88,7 @@ def test_a_seal_keeps_a_time_set_while_its_parity_is_encoded(world):
     m = world.m
     run_sync(m.names.create("a", ROOT, size=5 * MiB))
     s = m.handles.open_session(ROOT)
-    holder, fd, _ = m.handles.attach("a", ROOT, s, "rw")
+    holder, (fd,), _ = m.handles.attach("a", ROOT, s, "rw")
     os.close(fd)
     plan = m.handles.seal("a", ROOT, s)
     job = next(plan).job

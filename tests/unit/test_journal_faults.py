@@ -131,7 +131,7 @@ def _close_written_off_loop(m):
     """The socket server's close of a handle that wrote: the parity job first (a worker
     thread there), then the close that finishes it."""
     session = m.handles.open_session(ROOT)
-    holder, fd, _info = m.handles.open("d/keep", ROOT, session, "rw")
+    holder, (fd,), _info = m.handles.open("d/keep", ROOT, session, "rw")
     import os
     os.close(fd)
     with_workers(m.handles.close(session, holder.id, written={"bytes": 10}))
@@ -141,7 +141,7 @@ def _seal_off_loop(m):
     """An attached writer seals (the socket server's steps): the job, then the seal."""
     import os
     session = m.handles.open_session(ROOT)
-    holder, fd, _info = m.handles.attach("d/keep", ROOT, session, "rw")
+    holder, (fd,), _info = m.handles.attach("d/keep", ROOT, session, "rw")
     os.close(fd)
     with_workers(m.handles.seal("d/keep", ROOT, session))
     run_sync(m.handles.detach(session, holder.id))
@@ -209,7 +209,7 @@ def _alloc(m, path="d/keep"):
 def _held(m, path: str, mode: str, how: str = "open"):
     """A session holding `path` (open or attach): (session, holder id)."""
     session = m.handles.open_session(ROOT)
-    holder, fd, _ = getattr(m.handles, how)(path, ROOT, session, mode)
+    holder, (fd,), _ = getattr(m.handles, how)(path, ROOT, session, mode)
     os.close(fd)
     return session, holder.id
 
@@ -222,9 +222,9 @@ def _lose_keep(world):
 
 def _refill(m, path="d/keep", *, force=False, session=None):
     session = session or m.handles.open_session(ROOT)
-    holder, fd, _ = m.refill.begin_refill(path, ROOT, session, size=2 * MiB, mode=0o644,
-                                          ecc=None, durable=True, device=None, force=force,
-                                          unsealed=False)
+    holder, (fd,), _ = m.refill.begin_refill(path, ROOT, session, size=2 * MiB, mode=0o644,
+                                            ecc=None, durable=True, device=None, force=force,
+                                            unsealed=False)
     os.close(fd)
     return session, holder.id
 
@@ -273,7 +273,7 @@ def _whole_session(world):
     """A session holding three things: a writer of d/keep, a reader of d/trans, a lease."""
     m = world.m
     session, _ = _held(m, "d/keep", "rw")
-    _, fd, _ = m.handles.open("d/trans", ROOT, session, "r")
+    _, (fd,), _ = m.handles.open("d/trans", ROOT, session, "r")
     os.close(fd)
     run_sync(m.names.create("leased", ROOT, size=MiB, lease=True, session=session))
     return session

@@ -96,7 +96,7 @@ def test_busy_remove_and_force(world):
     m = world.m
     run_sync(m.names.create("x", ROOT, size=MiB, durable=True))
     session = m.handles.open_session(ROOT)
-    holder, fd, _ = m.handles.open("x", ROOT, session, "rw")
+    holder, (fd,), _ = m.handles.open("x", ROOT, session, "rw")
     with pytest.raises(Busy, match="--force"):
         m.names.remove("x", ROOT)
     used_before = m.backend.used
@@ -119,13 +119,13 @@ def test_one_writer_or_many_readers(world):
     m = world.m
     run_sync(m.names.create("x", ROOT, size=MiB))
     s1, s2 = m.handles.open_session(ROOT), m.handles.open_session(ROOT)
-    _, fd1, _ = m.handles.open("x", ROOT, s1, "r")
-    _, fd2, _ = m.handles.open("x", ROOT, s2, "r")
+    _, (fd1,), _ = m.handles.open("x", ROOT, s1, "r")
+    _, (fd2,), _ = m.handles.open("x", ROOT, s2, "r")
     with pytest.raises(Busy):
         m.handles.open("x", ROOT, s2, "rw")
     run_sync(m.handles.end_session(s1))
     run_sync(m.handles.end_session(s2))
-    _, fd3, _ = m.handles.open("x", ROOT, s1, "rw")
+    _, (fd3,), _ = m.handles.open("x", ROOT, s1, "rw")
     with pytest.raises(Busy):
         m.handles.open("x", ROOT, s2, "r")
     run_sync(m.handles.end_session(s1))           # a writer's crash releases its lock

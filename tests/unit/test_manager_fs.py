@@ -232,12 +232,12 @@ def test_resize_busy_and_permission_and_no_memory(world):
     run_sync(m.names.create("x", ROOT, size=MiB, mode=0o644))
     x = m.queries.lookup("x", ROOT)
     s_other, s_own = m.handles.open_session(ROOT), m.handles.open_session(ROOT)
-    holder, fd, _ = m.handles.open("x", ROOT, s_other, "r")
+    holder, (fd,), _ = m.handles.open("x", ROOT, s_other, "r")
     with pytest.raises(Busy):
         m.data.resize(x, ROOT, 4 * MiB)
     os.close(fd)
     run_sync(m.handles.close(s_other, holder.id))
-    holder, fd, _ = m.handles.open("x", ROOT, s_own, "rw")
+    holder, (fd,), _ = m.handles.open("x", ROOT, s_own, "rw")
     os.close(fd)
     m.data.resize(x, ROOT, 4 * MiB, session=s_own)       # the caller's own handle is fine
     with pytest.raises(PermissionDenied):
@@ -307,7 +307,7 @@ def test_rename_over_held_file_defers_free(world):
     run_sync(m.names.create("a", ROOT, size=MiB))
     run_sync(m.names.create("b", ROOT, size=MiB, durable=True))
     s = m.handles.open_session(ROOT)
-    _, fd, _ = m.handles.open("b", ROOT, s, "r")
+    _, (fd,), _ = m.handles.open("b", ROOT, s, "r")
     os.close(fd)
     m.names.rename(ROOT_ID, "a", ROOT_ID, "b", ROOT)
     assert m.backend.used == 2 * with_parity(2 * MiB) and m.keeper.keys() == []
@@ -389,7 +389,7 @@ def test_unlink_and_rmdir_child(world):
         m.names.rmdir_child(d.id, "a", ROOT)
     assert errno_for(exc.value) == errno.ENOTDIR
     s = m.handles.open_session(ROOT)
-    _, fd, _ = m.handles.open("d/a", ROOT, s, "rw")
+    _, (fd,), _ = m.handles.open("d/a", ROOT, s, "rw")
     os.close(fd)
     m.names.unlink_child(d.id, "a", ROOT)                     # held: the name goes, memory stays
     assert m.backend.used == with_parity(2 * MiB) and m.keeper.keys() == []

@@ -249,7 +249,7 @@ def test_a_removed_but_open_file_keeps_its_metadata_and_its_bytes_are_freed(worl
     run_sync(m.names.create("a", ROOT, size=MiB, metadata={"k": "v"}))
     node = m.queries.lookup("a", ROOT)
     session = m.handles.open_session(ROOT)
-    _holder, fd, _info = m.handles.open("a", ROOT, session, "r")
+    _holder, (fd,), _info = m.handles.open("a", ROOT, session, "r")
     os.close(fd)
     m.names.remove("a", ROOT, force=True)
     assert used(m, 0) == 0 and m.registry.metadata.load() == []
