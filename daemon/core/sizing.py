@@ -81,9 +81,13 @@ class Sizing:
             self.custody.require_could_fit(dev, size, alloc.ecc)
         self.quotas.check(alloc.uid, capacity - held)
         old_size, fresh = alloc.size, alloc.state == "pending"
+        # The memory a write gives a transient file the mount created empty is no event of
+        # its own, as a write that grows a file within its capacity is none: a `tar -xf`
+        # or `cp` logs one `create` per file, not a `resize` beside it (issue 26).
+        event = not (fresh and written and not alloc.durable)
 
         def commit() -> None:    # looked up at call time: tests stand a crash in for it
-            self._commit_size(alloc, cred, size, capacity, old_size)
+            self._commit_size(alloc, cred, size, capacity, old_size, event=event)
         # One hold of the parity lock from the new memory to the parity sized for it: a
         # ParityJob on a worker thread must never see the new buffer and capacity with the
         # old parity region (its checksums sit where the old block count puts them).
@@ -158,8 +162,9 @@ class Sizing:
         return True
 
     def _commit_size(self, alloc: Allocation, cred: Credentials, size: int, capacity: int,
-                     old_size: int) -> None:
-        """Record size and capacity (memory and registry together, or neither)."""
+                     old_size: int, *, event: bool = True) -> None:
+        """Record size and capacity (memory and registry together, or neither); `event`:
+        with a `resize` event (without one, monitors are still told)."""
         now = time.time_ns()
         with self.journal.change(durable=alloc.durable, batch=not alloc.durable):
             self.journal.keep(alloc, "size", "capacity", "modified_ns", "changed_ns")
@@ -169,8 +174,11 @@ class Sizing:
                                       device=alloc.device, state=alloc.state,
                                       modified_ns=now, changed_ns=now,
                                       **placement(alloc.buffer))
-            self.journal.event("resize", alloc, cred, size=size, capacity=capacity,
-                               old_size=old_size)
+            if event:
+                self.journal.event("resize", alloc, cred, size=size, capacity=capacity,
+                                   old_size=old_size)
+            else:
+                self.journal.node_changed(alloc)
         self._dirty.discard(alloc.id)
         self.integrity.changed_all(alloc)      # a resize moves or zeroes bytes
         self.ns.watchers.attrs_changed(alloc)
@@ -266,8 +274,11 @@ class PendingParity:
             return False
         if alloc.durable:
             return alloc.writing
-        return not any(isinstance(s.tenant, Allocation) and s.tenant.durable
-                       for s in buf.slab.neighbours(buf))
+        for slot in buf.slab.neighbours(buf):      # every close on the mount: a plain loop
+            tenant = slot.tenant
+            if isinstance(tenant, Allocation) and tenant.durable:
+                return False
+        return True
 
     def add(self, alloc: Allocation) -> None:
         self._allocs[alloc.id] = alloc

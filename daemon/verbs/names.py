@@ -196,10 +196,9 @@ class NameVerbs:
         durable = isinstance(node, Allocation) and node.durable
         with self.journal.change(durable=durable, batch=isinstance(node, Allocation)
                                  and not durable):
-            removed = entry_path(parent, name)
             if not self.ns.hardlinks.drop_name(parent, name, node):
-                self.journal.event("remove", node, cred, force=True, name=removed,
-                                   links_left=node.nlink)
+                self.journal.event("remove", node, cred, force=True,
+                                   name=entry_path(parent, name), links_left=node.nlink)
                 return
             self.journal.event("remove", node, cred, force=True)
         if isinstance(node, Allocation):
