@@ -464,6 +464,7 @@ CONF_EXAMPLE = [
     'metadata_user_max_bytes = "64M"  # user metadata of all of one user\'s, together',
     "slabs = true                     # small allocations packed (the default; docs/storage.md)",
     "parity_arenas = true             # parity in shared parity arenas (the default)",
+    "extents = true                   # large GPU memory resized without a copy (the default)",
     'compact_min_slack = "64M"        # slabs compacted past this much slack (and 25%)',
     "",
     "[quotas]                         # per-user limits on capacity (not parity)",
