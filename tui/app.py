@@ -84,7 +84,7 @@ class GpumemApp(App):
         Binding("v", "verify", "Verify"),
         Binding("V", "verify_all", "Verify all", show=False),
         Binding("r", "recover", "Recover"),
-        Binding("delete,x", "delete", "Delete"),
+        Binding("x,delete", "delete", "Delete"),     # the footer shows the first: "x"
         Binding("s", "scrub", "Scrub"),
         Binding("q", "quit", "Quit"),
     ]

@@ -41,6 +41,17 @@ def table_rows(app) -> list[str]:
     return [cells[0] for cells in app.main.query_one("#alloc-table").cells]
 
 
+def screen_text(app, widget=None) -> str:
+    """The active screen as its characters, one line per row: what the terminal shows (a
+    row hidden behind a scrollbar or a key cut off the footer is not in it). With `widget`,
+    only the part of the screen that widget covers."""
+    lines = [strip.text for strip in app.screen._compositor.render_strips()]
+    if widget is None:
+        return "\n".join(lines)
+    r = widget.region
+    return "\n".join(line[r.x:r.right] for line in lines[r.y:r.bottom])
+
+
 def notifications(app) -> list[str]:
     return [n.message for n in app._notifications]
 

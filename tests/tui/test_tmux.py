@@ -76,6 +76,56 @@ def test_top_in_tmux(daemon):
         tmux.kill()
 
 
+def table_lines(screen: str) -> list[str]:
+    """The lines of the allocations panel (the events panel names rows too)."""
+    lines = screen.splitlines()
+    start = next(i for i, line in enumerate(lines) if "allocations ─" in line)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("╰"))
+    return lines[start + 1:end]
+
+
+def test_top_at_80x24(daemon):
+    """docs/tui.md promises 80x24 (issue 27, item 6): End shows the last row above the
+    horizontal scrollbar, the footer keeps Quit, Left moves the confirmation to Delete and
+    Enter presses it, Esc leaves the filter so that q quits."""
+    names = [f"row-{i:02d}" for i in range(30)]
+    with daemon.client() as c:
+        for name in names:
+            c.create(name, 1 << 20)
+    command = " ".join(shlex.quote(a) for a in
+                       script_argv("gpumemctl") + ["--socket", daemon.socket, "top"])
+    tmux = Tmux()
+    try:
+        subprocess.run(["tmux", "-L", tmux.server, "-f", "/dev/null", "new-session", "-d",
+                        "-s", "top", "-x", "80", "-y", "24",
+                        f"{command}; echo EXITED=$?; sleep 30"],
+                       env=child_env({"TERM": "xterm-256color"}), check=True)
+        screen = tmux.wait("row-00")
+        time.sleep(0.5)                                      # the footer comes last
+        footer = tmux.screen().rstrip("\n").splitlines()[-1]
+        assert "s Scrub" in footer and "q Quit" in footer, footer
+        tmux.keys("End")
+        deadline = time.monotonic() + 10
+        while not any("row-29" in line for line in table_lines(screen)):
+            assert time.monotonic() < deadline, f"row-29 never showed:\n{screen}"
+            time.sleep(0.1)
+            screen = tmux.screen()
+        tmux.keys("x")                                       # delete row-29: Cancel first
+        tmux.wait("Free row-29")
+        tmux.keys("Left")
+        tmux.keys("Enter")                                   # Delete has the focus now
+        tmux.wait("removed 1: row-29")
+        assert daemon.cli("info", "row-29").returncode != 0
+        tmux.keys("/")
+        tmux.keys("-l", "row-1")
+        tmux.wait("filter 'row-1'")
+        tmux.keys("Escape")
+        tmux.keys("q")                                       # a key again, not filter text
+        assert "EXITED=0" in tmux.wait("EXITED=")
+    finally:
+        tmux.kill()
+
+
 def test_top_refuses_without_a_terminal(daemon):
     proc = daemon.cli("top")
     assert proc.returncode == 2

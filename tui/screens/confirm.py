@@ -12,7 +12,9 @@ from gpumemctl.protocol.escape import escape
 
 class ConfirmScreen(ModalScreen[bool]):
     BINDINGS = [Binding("escape,n", "answer(False)", "Cancel"),
-                Binding("y", "answer(True)", "Yes")]
+                Binding("y", "answer(True)", "Yes"),
+                Binding("left", "move(-1)", show=False),
+                Binding("right", "move(1)", show=False)]
 
     def __init__(self, title: str, question: str, yes: str = "Delete") -> None:
         super().__init__()
@@ -35,3 +37,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)
+
+    def action_move(self, step: int) -> None:
+        """Left/Right: the focus to the button beside the focused one (Enter presses it);
+        it stops at either end rather than wrapping."""
+        buttons = list(self.query(Button))
+        at = buttons.index(self.focused) if self.focused in buttons else len(buttons) - 1
+        buttons[max(0, min(at + step, len(buttons) - 1))].focus()

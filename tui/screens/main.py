@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
+from textual import events
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widget import Widget
@@ -36,9 +37,13 @@ class Banner(Widget):
         return self.text
 
 
+WIDE = 100          # columns from which the detail panel shows
+ROOMY = 104         # columns from which the footer's keys fit with padding and ^p (102 now)
+
+
 class MainScreen(Screen):
-    # Below 100 columns the detail panel gives its room to the table.
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    # Below WIDE columns the detail panel gives its room to the table.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE, "-wide")]
 
     ready = False                   # children composed: the app may draw into them
 
@@ -65,6 +70,17 @@ class MainScreen(Screen):
         if app.snapshot is not None:          # it arrived before we were ready; draw
             # once the screen runs, so the panels' messages (the selection) are delivered
             self.call_after_refresh(app.draw, app.snapshot)
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Below ROOMY columns the footer packs its keys closer and leaves the command
+        palette's ^p out (the key still works), so that every key, Quit included, fits in
+        80 columns."""
+        narrow = event.size.width < ROOMY
+        footer = self.query_one(Footer)
+        footer.compact = narrow
+        if footer.show_command_palette == narrow:
+            footer.show_command_palette = not narrow
+            footer.refresh(recompose=True)
 
     def on_unmount(self) -> None:
         self.ready = False                    # the app is closing: draw nothing more

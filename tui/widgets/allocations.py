@@ -43,6 +43,7 @@ class AllocationsPanel(Vertical):
 
     BINDINGS = [
         Binding("slash", "focus_filter", "Filter", show=False),
+        Binding("escape", "leave_filter", "Table", show=False),
         Binding("backspace", "up", "Up", show=False),
         Binding("o", "next_sort", "Sort"),
         Binding("O", "reverse_sort", "Reverse", show=False),
@@ -160,6 +161,17 @@ class AllocationsPanel(Vertical):
 
     def action_focus_filter(self) -> None:
         self.query_one("#filter", Input).focus()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        """Esc is the filter's only: in the table it goes on to the screen and the app."""
+        if action == "leave_filter":
+            return self.query_one("#filter", Input).has_focus
+        return True
+
+    def action_leave_filter(self) -> None:
+        """Esc in the filter: back to the table, whose keys act again. The filter stays,
+        as after Enter; Backspace in the table clears it."""
+        self.table.focus()
 
     def action_next_sort(self) -> None:
         index = (COLUMN_KEYS.index(self.sort_key) + 1) % len(COLUMN_KEYS)

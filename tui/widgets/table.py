@@ -106,15 +106,33 @@ class Table(ScrollView, can_focus=True):
         row = max(0, min(row, len(self.keys) - 1))
         changed = row != self.cursor
         self.cursor = row
-        visible = max(1, self.size.height - 1)       # rows below the header
-        top = self.scroll_offset.y
-        if row < top:
-            self.scroll_to(y=row, animate=False)
-        elif row >= top + visible:
-            self.scroll_to(y=row - visible + 1, animate=False)
+        self.scroll_to_cursor()
         self.refresh()
         if changed:
             self.post_message(self.Highlighted())
+
+    @property
+    def visible_rows(self) -> int:
+        """Rows on screen below the header: not those behind a horizontal scrollbar (at 80
+        columns the table is wider than its panel and one shows)."""
+        return max(1, self.scrollable_content_region.height - 1)
+
+    def scroll_to_cursor(self) -> None:
+        """Scroll the least that puts the cursor's row on screen. Forced: rows that came
+        in the same frame have no scrollbars yet, which would refuse the scroll."""
+        top, visible = self.scroll_offset.y, self.visible_rows
+        if self.cursor < top:
+            self.scroll_to(y=self.cursor, animate=False, force=True)
+        elif self.cursor >= top + visible:
+            self.scroll_to(y=self.cursor - visible + 1, animate=False, force=True)
+
+    def watch_show_horizontal_scrollbar(self, shown: bool) -> None:
+        """A scrollbar that comes (or a terminal resize) hides the last row: once the layout
+        has settled, scroll again so the cursor stays above it."""
+        self.call_after_refresh(self.scroll_to_cursor)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.scroll_to_cursor)
 
     # ---- drawing ----------------------------------------------------------------------
     def _line_text(self, cells) -> str:
@@ -154,7 +172,7 @@ class Table(ScrollView, can_focus=True):
         self.move_cursor(self.cursor + delta)
 
     def action_page(self, direction: int) -> None:
-        self.move_cursor(self.cursor + direction * max(1, self.size.height - 2))
+        self.move_cursor(self.cursor + direction * self.visible_rows)
 
     def action_jump(self, row: int) -> None:
         self.move_cursor(row if row >= 0 else len(self.keys) - 1)
