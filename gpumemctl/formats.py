@@ -66,9 +66,15 @@ def event_line(e: Event, *, date: bool = True) -> str:
     return f"{head} {e['kind']:<9} {e.get('path') or '-'}{who} {detail}".rstrip()
 
 
-def byte_ranges(ranges: list) -> str:
-    """[[0, 131072], [262144, 393216]] (half-open) as "0-131071, 262144-393215"; "none"."""
-    return ", ".join(f"{start}-{end - 1}" for start, end in ranges) or "none"
+def byte_ranges(ranges: list, limit: int | None = None) -> str:
+    """[[0, 131072], [262144, 393216]] (half-open) as "0-131071, 262144-393215"; "none".
+    Every byte range shown to a person is written this way: first and last byte, both
+    included (docs/cli.md); JSON keeps the half-open pairs. With `limit`, the first
+    `limit` ranges and how many more there are."""
+    shown = ranges if limit is None else ranges[:limit]
+    text = ", ".join(f"{start}-{end - 1}" for start, end in shown) or "none"
+    more = len(ranges) - len(shown)
+    return f"{text}, ... ({more} more)" if more > 0 else text
 
 
 def metadata_sizes(metadata: dict | None) -> str:

@@ -90,9 +90,11 @@ def write_manifest(store: str, manifest: dict) -> None:
 
 
 def one_line_error(stderr: bytes | str) -> list[str]:
+    """The error and warning lines of stderr (a command's summary goes there too since
+    issue 27, as docs/cli.md's "stdout carries data only" says: it is not counted)."""
     text = stderr.decode() if isinstance(stderr, bytes) else stderr
     assert "Traceback" not in text, text
-    return [line for line in text.splitlines() if line.strip()]
+    return [line for line in text.splitlines() if line.startswith("gpumemctl: ")]
 
 
 # Runs argv[2:] and writes its peak RSS (KiB) to argv[1]. Measured in this small parent: a

@@ -75,23 +75,29 @@ class Refills:
         if durable and not alloc.durable and not alloc.unlinked:
             require_owner(alloc, cred, "change the durability of")
 
-    def finish(self, session: Session, holder: Holder, damaged: list) -> NodeInfo:
+    def finish(self, session: Session, holder: Holder, damaged: list,
+               modified_ns: object = None) -> NodeInfo:
         """The client wrote every block and says which it found damaged. Checked first
-        (the ranges, who may make it durable): refused, the refill stays, to be finished
-        or abandoned. Then one change: the holder goes, the allocation is ready (or
-        degraded), durable as the snapshot says, deposited with the keeper."""
+        (the ranges, who may make it durable, the time): refused, the refill stays, to be
+        finished or abandoned. Then one change: the holder goes, the allocation is ready
+        (or degraded), durable as the snapshot says, deposited with the keeper.
+        `modified_ns`: the modification time the snapshot recorded (issue 27), kept where
+        the caller is the owner or root (as utimensat's rule for an explicit time), else
+        the time now."""
         refill = self._by_holder[holder.id]
         alloc, cred = refill.alloc, session.cred
         blocks = _ecc_blocks(damaged, alloc.size or 0)
         self.require_durable_allowed(alloc, cred, refill.durable)
+        kept_time = _modified_ns(modified_ns)
         reason = "restored from a snapshot block that failed its checksum"
         now = time.time_ns()
+        modified = kept_time if kept_time is not None and cred.uid in (0, alloc.uid) else now
         with self.journal.change(durable=alloc.durable or refill.durable):
             self.journal.keep(alloc, "state", "modified_ns", "changed_ns", "unsealed")
             alloc.state = "ready"
-            alloc.modified_ns = alloc.changed_ns = now
+            alloc.modified_ns, alloc.changed_ns = modified, now
             alloc.unsealed = refill.unsealed
-            self.registry.nodes.update(alloc.id, state="ready", modified_ns=now,
+            self.registry.nodes.update(alloc.id, state="ready", modified_ns=modified,
                                       changed_ns=now, unsealed=1 if refill.unsealed else 0)
             self.journal.event("restore", alloc, cred, action="done",
                                damaged_blocks=len(blocks))
@@ -162,3 +168,13 @@ def _ecc_blocks(ranges: list, size: int) -> set[int]:
                              f"0..{size}")
         out.update(range(r[0] // ECC_BLOCK, -(-r[1] // ECC_BLOCK)))
     return out
+
+
+def _modified_ns(value: object) -> int | None:
+    """A restore's `modified_ns`: None, or nanoseconds since 1970 that fit the registry."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+        raise UsageError(f"invalid modified_ns {value!r}: expected nanoseconds since 1970, "
+                         "a whole number from 0 to 2**63-1")
+    return value

@@ -244,7 +244,8 @@ class HandleVerbs:
         if self.refills.of(holder.id) is not None:
             self.integrity.finish(job)
             damaged = (restored or {}).get("damaged", [])
-            return {"info": self.refills.finish(session, holder, damaged)}
+            return {"info": self.refills.finish(session, holder, damaged,
+                                                (restored or {}).get("modified_ns"))}
         self._close_handle(session, holder_id, written, job)
         return {}
 

@@ -10,11 +10,14 @@ write a store, and what a restore trusts").
 """
 from __future__ import annotations
 
+import sys
 import time
 
 from .. import output
+from ..formats import byte_ranges
 from ..protocol import NotRunning, format_size
 from ..protocol.errors import BUSY, INVALID_STATE, OK, PERMISSION, UNCORRECTABLE
+from ..protocol.escape import escape
 from .context import connect, want_json
 from .declare import JSON, Arg, Group, Opt
 
@@ -44,6 +47,16 @@ def _passed_over(result: dict) -> None:
     """One line per snapshot a command passed over: whose it is, or what is wrong with it."""
     for p in result.get("passed_over", []):
         output.error(p["message"])
+
+
+def summary(line: str) -> None:
+    """A command's summary for a person: stderr, whatever it is (a cron job's log keeps it;
+    `--quiet` leaves it out), escaped as output's lines are. stdout carries only data: a
+    listing, the JSON document (docs/cli.md)."""
+    try:
+        print(escape(line), file=sys.stderr)
+    except OSError:         # stderr itself is gone or full: the exit status still says it
+        pass
 
 
 def _meter(label: str, quiet: bool) -> output.Progress:
@@ -98,7 +111,7 @@ def create(dest: str, names: list[str] | None = None, incremental: bool = False,
         output.emit_json(result)
     elif not quiet or busy or lost:
         kind = f"incremental on {result['parent']}" if result["incremental"] else "full"
-        output.data(f"snapshot {result['location']}: {len(result['allocations'])} "
+        summary(f"snapshot {result['location']}: {len(result['allocations'])} "
                     f"allocation(s), {format_size(result['bytes'])} "
                     f"({format_size(result['bytes_written'])} written, {kind}) in "
                     f"{result['seconds']:.2f} s, {_rate(result)}, io {result['io']}")
@@ -154,7 +167,7 @@ def restore(src: str, names: list[str] | None = None, as_: str | None = None,
             elif r["result"] != "ok":
                 output.error(_naming(r["path"], r["message"]))
         if not quiet or codes or result["damaged"]:
-            output.data(_restore_summary(result))
+            summary(_restore_summary(result))
     if result["damaged"]:
         return UNCORRECTABLE
     return max(codes, default=OK)
@@ -179,7 +192,8 @@ def _restore_summary(result: dict) -> str:
 
 
 def _ranges(ranges: list) -> str:
-    return ", ".join(f"{a}-{b}" for a, b in ranges[:8]) + (" ..." if len(ranges) > 8 else "")
+    """First and last byte of each range, as `info` shows them (formats.byte_ranges)."""
+    return byte_ranges(ranges, limit=8)
 
 
 @snapshot.command("verify", src=SRC, trust_uid=TRUST, quiet=QUIET, json_=JSON)
@@ -216,18 +230,21 @@ def verify(src: str, trust_uid: list[str] | None = None, quiet: bool = False,
                 output.error(f"{s['snapshot']}: not checked: {s['problems'][0]['message']}")
         untrusted = f", {result['untrusted']} not trusted" if result["untrusted"] else ""
         if not quiet or bad or untrusted:
-            output.data(f"verify {src}: {len(result['snapshots'])} snapshot(s), {bad} "
-                        f"damaged{untrusted}")
+            summary(f"verify {src}: {len(result['snapshots'])} snapshot(s), {bad} "
+                    f"damaged{untrusted}")
     if bad:
         return UNCORRECTABLE
     return PERMISSION if result["untrusted"] else OK
 
 
-@snapshot.command("ls", src=WHERE, trust_uid=TRUST, json_=JSON)
+@snapshot.command("ls", src=SRC, trust_uid=TRUST, json_=JSON)
 def ls(src: str, trust_uid: list[str] | None = None, json_: bool = False):
     """List the snapshots in a store: complete, untrusted (a restore passes it over),
-    partial, in progress, damaged or retired, and who owns each."""
+    partial, in progress, damaged or retired, and who owns each. Given one snapshot
+    (STORE/snap-...): the allocations it holds, with size, blocks and state."""
     from ..snapshots import engine
+    if engine.split_location(src)[1] is not None:
+        return _ls_snapshot(src, trust_uid, json_)
     rows = engine.list_snapshots(src, trust_uids=_trusted(trust_uid))
     if want_json(json_):
         output.emit_json(rows)
@@ -247,6 +264,22 @@ def ls(src: str, trust_uid: list[str] | None = None, json_: bool = False):
                       "-" if r.get("owner") is None else str(r["owner"])])
     output.table(table, ["SNAPSHOT", "STATE", "CREATED (UTC)", "ALLOCS", "SIZE", "WRITTEN",
                          "PARENT", "OWNER"], right={3, 4, 5})
+    return OK
+
+
+def _ls_snapshot(src: str, trust_uid: list[str] | None, json_: bool) -> int:
+    """`snapshot ls STORE/snap-...`: one row per allocation it holds (as `restic ls` or
+    `borg list ARCHIVE`); one the caller does not trust is listed, and said so on stderr."""
+    from ..snapshots import engine
+    rows, distrust = engine.list_allocations(src, trust_uids=_trusted(trust_uid))
+    if distrust:
+        output.warning(f"not trusted (a restore passes it over): {distrust}")
+    if want_json(json_):
+        output.emit_json(rows)
+        return OK
+    output.table([[r["path"], format_size(r["size"]), str(r["blocks"]), r["state"],
+                   r["modified"] or "-"] for r in rows],
+                 ["PATH", "SIZE", "BLOCKS", "STATE", "MODIFIED (UTC)"], right={1, 2})
     return OK
 
 

@@ -1,6 +1,7 @@
 """`gpumemctl load|save`: safetensors weights into allocations and back (docs/tensors.md). The
 work is gpumemctl/weights.py's, imported only when they run, so that no other command pays
-for the safetensors library."""
+for the safetensors library. Their one-line summaries go to stderr (stdout carries data only:
+the JSON document, or the file itself for `save NAME -`)."""
 from __future__ import annotations
 
 from .. import output
@@ -9,6 +10,7 @@ from ..protocol.defaults import FILE_MODE
 from .context import connect, want_json
 from .declare import DEVICE, DURABLE, ECC, JSON, Arg, Group
 from .declare import FILE_MODE as MODE
+from .snapshot import summary
 
 commands = Group()
 
@@ -48,9 +50,9 @@ def load(src: str, name: str, durable: bool = False, device: str | None = None,
         return
     where = f"{len(result['allocations'])} allocations under {result['name']}/" \
         if plan.directory else result["name"]
-    output.data(f"loaded {result['tensors']} tensors ({format_size(result['bytes'])}) from "
-                f"{src} into {where} in {result['seconds']:.2f} s "
-                f"({_rate(result['bytes'], result['seconds'])})")
+    summary(f"loaded {result['tensors']} tensors ({format_size(result['bytes'])}) from "
+            f"{src} into {where} in {result['seconds']:.2f} s "
+            f"({_rate(result['bytes'], result['seconds'])})")
 
 
 @commands.command(
@@ -79,7 +81,4 @@ def save(name: str, out: str, json_: bool = False) -> None:
             f"({format_size(result['bytes'])} of tensors"
             f"{f' in {files} files' if files > 1 else ''}) in {result['seconds']:.2f} s "
             f"({_rate(result['bytes'], result['seconds'])})")
-    if to_stdout:
-        output.note(line)
-    else:
-        output.data(line)
+    summary(line)           # stderr: stdout carries only data (the file itself, with -)

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from .catalog import split_location
 from .create import create, select
-from .manage import list_snapshots, remove, verify
+from .manage import list_allocations, list_snapshots, remove, verify
 from .restore import restore
 
-__all__ = ["create", "list_snapshots", "remove", "restore", "select", "split_location",
-           "verify"]
+__all__ = ["create", "list_allocations", "list_snapshots", "remove", "restore", "select",
+           "split_location", "verify"]

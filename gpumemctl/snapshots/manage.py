@@ -88,6 +88,49 @@ def list_snapshots(location: str, trust_uids: frozenset[int] = frozenset()) -> l
         return [describe(store, name, trust) for name in ([named] if named else store.names())]
 
 
+def list_allocations(location: str,
+                     trust_uids: frozenset[int] = frozenset()) -> tuple[list[dict], str | None]:
+    """`snapshot ls STORE/snap-...`: what one snapshot holds, one row per allocation, and
+    why a restore would pass the snapshot over (None: it would not). A partial or retired
+    one holds nothing to list (NotFound, exit 4), a damaged one is named (exit 8)."""
+    store_loc, named = split_location(location)
+    if named is None:
+        raise UsageError(f"{location} is a store, not one snapshot in it")
+    trust = Trust(frozenset(trust_uids))
+    distrust = None
+    with open_store(store_loc) as store:
+        if named not in store.names():
+            raise NotFound(f"no snapshot {location}")
+        try:
+            try:
+                manifest = load_manifest(store, named, trust)
+            except Untrusted as exc:          # listed all the same: reading is not trusting
+                distrust = str(exc)
+                manifest = load_manifest(store, named)
+        except NotFound:
+            if store.exists(f"{named}/{fmt.RETIRED}"):
+                raise NotFound(f"snapshot {location} was removed (retired: newer snapshots "
+                               "use its data); it holds no allocation") from None
+            raise
+    return [_held(named, entry) for entry in manifest["allocations"]], distrust
+
+
+def _held(name: str, entry: dict) -> dict:
+    """One allocation of a snapshot as `ls` shows it (fields checked by manifest.parse).
+    `state`: `unsealed` (copied while an attached writer had not sealed it: restored so),
+    `carried` (lost when the snapshot was made: its entry and data are an older one's),
+    else `ok`. `blocks_here`: the blocks whose bytes this snapshot stored itself."""
+    own = sum(count for _first, count, key, _off in entry["extents"]
+              if fmt.snapshot_of_key(key) == name)
+    state = "unsealed" if entry.get("unsealed") is True else \
+        "carried" if entry.get("carried") is True else "ok"
+    return {"path": entry["path"], "names": list(entry.get("names") or []),
+            "size": entry["size"], "blocks": len(entry["blocks"]), "blocks_here": own,
+            "state": state, "modified": entry.get("modified"),
+            "mode": f"{entry['mode'] & 0o7777:04o}", "uid": entry["uid"],
+            "gid": entry["gid"], "durable": entry["durable"], "ecc": entry["ecc"]}
+
+
 def describe(store, name: str, trust: Trust) -> dict:
     """A snapshot as `ls` shows it: its state (complete, untrusted, partial, in progress,
     damaged, retired), its owner, and whether the caller trusts it (`trusted`; else

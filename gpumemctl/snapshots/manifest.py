@@ -22,6 +22,7 @@ snapshot in the same store (no `..`, no absolute paths) before anything opens th
 """
 from __future__ import annotations
 
+import calendar
 import functools
 import hashlib
 import json
@@ -45,6 +46,9 @@ MAX_MANIFEST = 256 << 20              # a manifest larger than this is not one o
 NAME_RE = re.compile(r"snap-\d{8}T\d{6}\.\d{6}Z-[0-9a-f]{6}")
 KEY_RE = re.compile(r"(snap-\d{8}T\d{6}\.\d{6}Z-[0-9a-f]{6})/data/(\d{1,9})\.bin")
 HEX_RE = re.compile(r"[0-9a-f]{32}")
+# An allocation's modified time as the daemon writes it (`info`'s `modified`): UTC, microseconds.
+TIME_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})Z")
+MAX_TIME_NS = 2**63 - 1               # the registry's times are signed 64-bit nanoseconds
 
 
 class SnapshotDamaged(Uncorrectable):
@@ -146,6 +150,7 @@ def _check(manifest: dict) -> None:
             _need(entry[key], int, f"{what} {key}")
         _need(entry["durable"], bool, f"{what} durable")
         _check_names(entry.get("names", []), path, what)
+        modified_ns(entry, what)
         if entry["ecc"] not in ("rs", "none"):
             raise ValueError(f"{what} ecc {entry['ecc']!r}")
         blocks = _need(entry["blocks"], list, f"{what} blocks")
@@ -164,6 +169,32 @@ def _check_names(names, path: str, what: str) -> None:
         if name == path or "\x00" in name or any(p in ("", ".", "..") for p in parts):
             raise ValueError(f"{what} name {name!r} (empty, absolute, '.', '..' or the "
                              "path itself)")
+
+
+def modified_ns(entry: dict, what: str = "allocation") -> int | None:
+    """The entry's `modified` (the allocation's modification time when it was copied) in
+    nanoseconds since the epoch, for a restore to give back; None where the entry has none.
+    ValueError says what is wrong with one that is not a time of the daemon's form, or lies
+    before 1970 or past what the registry holds (2262)."""
+    value = entry.get("modified")
+    if value is None:
+        return None
+    m = TIME_RE.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        shown = repr(value)
+        shown = shown if len(shown) <= 64 else f"{shown[:60]}..."
+        raise ValueError(f"{what} modified is {shown}: expected null or a UTC time "
+                         "YYYY-MM-DDTHH:MM:SS.ffffffZ")
+    year, month, day, hour, minute, second, micros = (int(g) for g in m.groups())
+    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(max(year, 1), month)[1]
+            and hour < 24 and minute < 60 and second < 60):
+        raise ValueError(f"{what} modified {value!r} is not a date and time")
+    ns = (calendar.timegm((year, month, day, hour, minute, second)) * 1_000_000
+          + micros) * 1000 if 1970 <= year <= 2262 else -1
+    if not 0 <= ns <= MAX_TIME_NS:
+        raise ValueError(f"{what} modified {value!r} is outside 1970-01-01 to "
+                         "2262-04-11, the times an allocation can have")
+    return ns
 
 
 def _check_extents(entry: dict, nblocks: int, what: str) -> None:

@@ -204,11 +204,21 @@ def _restore_one(client, entry: dict, target: str, info: dict | None, where: str
         else:
             handle.memory.fill(0, entry["size"], source)
         ranges = fmt.ranges_of(bad, entry["size"])
-        handle.restored = {"damaged": ranges}
+        handle.restored = _outcome(entry, ranges)
     for name in names:
         _relink(client, target, name)
     return {"path": target, "from": entry["path"], "size": entry["size"],
             "result": "degraded" if ranges else "ok", "damaged": ranges, "kvikio": kvikio}
+
+
+def _outcome(entry: dict, ranges: list) -> dict:
+    """What the refill's close tells gpumemd: the damaged ranges, and the modification time
+    the allocation had when it was copied (checked by manifest.parse), which it keeps."""
+    outcome: dict = {"damaged": ranges}
+    mtime = fmt.modified_ns(entry)
+    if mtime is not None:
+        outcome["modified_ns"] = mtime
+    return outcome
 
 
 def _file_to_device(memory, entry: dict, places: dict, readers: Readers, bad: list[int],

@@ -36,7 +36,10 @@ overridden). One default differs from obstore's: a request may take AWS_TIMEOUT 
 here 120s, not 30s), as a part of a large upload is up to PART_SIZE bytes.
 
 Large objects are written by multipart upload (parts of `part_size` bytes, `concurrency` in
-flight) and read back by parallel ranged GETs. An upload that is neither completed nor aborted
+flight) and read back by parallel ranged GETs. Whether an object exists (and its size) is
+asked by HEAD; a manifest, or a data object read whole, comes by a GET without a range; a
+server that answers a ranged GET with the whole object (obstore refuses that) is then read
+by whole-object GETs, each sliced. An upload that is neither completed nor aborted
 (a killed process) leaves parts that S3 keeps, invisible, until a lifecycle rule
 (AbortIncompleteMultipartUpload) removes them: configure one on buckets used for snapshots.
 
@@ -70,6 +73,9 @@ _CLIENT_KEYS = ("allow_http", "allow_invalid_certificates", "connect_timeout",
                 "pool_max_idle_per_host", "proxy_url", "proxy_ca_certificate", "proxy_excludes",
                 "randomize_addresses", "read_timeout", "timeout", "user_agent")
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+# obstore's refusal of a 200 (the whole object) where it asked for a range (s3rver answers
+# `bytes=0-0` so): the read is done again with a plain GET (S3Store.get_whole).
+NOT_PARTIAL = "non-partial response when range requested"
 
 
 def _client_options() -> dict[str, Any]:
@@ -174,9 +180,14 @@ class S3Reader:
                 f.result()
 
     def _get(self, piece: memoryview, at: int) -> None:
+        """One piece: by a ranged GET, or, for the whole object or from a server that answers
+        a range with the whole object (obstore refuses that answer), by a plain GET."""
         with self.store._errors(f"cannot read {self.store.where(self.key)}"):
             try:
-                got = obstore.get_range(self.store._s, self.key, start=at, length=len(piece))
+                if (at == 0 and len(piece) == self.size) or self.store.ranges_ignored:
+                    got = self.store.get_whole(self.key, at, len(piece))
+                else:
+                    got = self._get_range(at, len(piece))
             except FileNotFoundError as exc:
                 if not missing(exc):
                     raise
@@ -189,6 +200,15 @@ class S3Reader:
             raise SnapshotDamaged(f"data object {self.key} ends before {at + len(piece)} bytes")
         piece[:] = memoryview(got)
 
+    def _get_range(self, at: int, length: int):
+        try:
+            return obstore.get_range(self.store._s, self.key, start=at, length=length)
+        except BaseError as exc:
+            if NOT_PARTIAL not in str(exc):
+                raise
+            self.store.ranges_ignored = True        # from now on: whole objects, sliced
+            return self.store.get_whole(self.key, at, length)
+
     def close(self) -> None:
         pass
 
@@ -197,6 +217,7 @@ class S3Store:
     kind = "s3"
     part_size = PART_SIZE       # S3: 5 MiB at least, 5 GiB at most, 10,000 parts an object
     concurrency = CONCURRENCY
+    ranges_ignored = False      # the server answered a ranged GET with the whole object
 
     def __init__(self, location: str):
         self.location = location
@@ -226,6 +247,8 @@ class S3Store:
         return None
 
     def exists(self, key: str) -> bool:
+        """Asked with a HEAD request (object_size), never a GET of a byte or two: some
+        servers (s3rver) answer `Range: bytes=0-0` with the whole object."""
         return self.object_size(key) is not None
 
     def confirm(self, snapshot: str) -> None:
@@ -245,19 +268,34 @@ class S3Store:
         """Nothing to create: S3 has no directories."""
 
     def read(self, key: str, limit: int, trust=None) -> bytes | None:
-        """The whole object (at most limit+1 bytes of it), or None where there is none.
-        `trust` is a directory store's: an object has no owner to check."""
+        """The whole object (at most limit+1 bytes of it), or None where there is none: one
+        GET without a range (a server may answer a range with the whole object, which
+        obstore refuses), read no further than limit+1 bytes. `trust` is a directory
+        store's: an object has no owner to check."""
         with self._errors(f"cannot read {self.where(key)}"):
             try:
-                return bytes(obstore.get_range(self._s, key, start=0, length=limit + 1))
+                return self.get_whole(key, 0, limit + 1)
             except FileNotFoundError as exc:
                 if not missing(exc):
                     raise
                 return None
-            except BaseError as exc:
-                if http_status(str(exc)) != 416:
-                    raise
-                return b""      # an empty object: S3 cannot satisfy a range of it
+
+    def get_whole(self, key: str, at: int, length: int) -> bytes:
+        """Bytes [at, at+length) of an object, by a GET of all of it (no Range header): the
+        body is streamed, what comes before `at` dropped, and the rest not read. Shorter
+        where the object ends first (a data object's reader counts that as damage)."""
+        result = obstore.get(self._s, key)
+        out = bytearray()
+        skip = at
+        for chunk in result.stream(min_chunk_size=PIECE):
+            view = memoryview(chunk)
+            if skip:
+                dropped = min(skip, len(view))
+                view, skip = view[dropped:], skip - dropped
+            out += view[:length - len(out)]
+            if len(out) >= length:
+                break
+        return bytes(out)
 
     def put_atomic(self, key: str, data: bytes) -> None:
         """One PUT: S3 shows the old object or the new one, never half of it."""

@@ -93,8 +93,9 @@ def test_load_reads_back_equal_and_saves_byte_identically(daemon, model_file, tm
 
 def test_index_without_mapping_and_human_output(daemon, model_file):
     done = daemon.cli("load", model_file, "m", check=True)
-    assert done.stdout.decode().startswith("loaded 10 tensors (")
-    assert "None" not in done.stdout.decode()
+    assert done.stdout == b""                    # stdout carries data only (issue 27)
+    assert done.stderr.decode().startswith("loaded 10 tensors (")
+    assert "None" not in done.stderr.decode()
     index = gpumemctl.tensors.open("m", socket=daemon.socket)
     t = index["layers.0.mlp.weight"]
     assert (t.dtype, t.shape, t.nbytes, t.shard) == ("F32", (16, 48), 16 * 48 * 4, "m")
