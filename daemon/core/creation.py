@@ -6,6 +6,11 @@ missing name (daemon/verbs/refill.py) both make one here.
 sends its deposit off the event loop (daemon/verbs/names.py's plan): `check`, `prepare`
 (memory, parity and a reserved id, in an allocation not yet in the tree), the keeper's
 deposit meanwhile, then `check` again and `make(prepared=...)`.
+
+A directory's durable default (issue 27, Directory.durable) makes what is created in it
+durable, as if the request had asked so (`NewAllocation.durable`), unless it asks for a
+session lease (a lease is a lifetime asked for). Missing parents made on the way inherit the
+default of the directory they are made in.
 """
 from __future__ import annotations
 
@@ -53,6 +58,7 @@ class NewAllocation:
     capacity: int
     ecc: str
     entries: dict[bytes, bytes]     # user metadata, checked
+    durable: bool = False           # asked for, or the directory's durable default
 
 
 class Creation:
@@ -101,7 +107,8 @@ class Creation:
             self.custody.require_fds(cred.uid, ecc)   # (daemon/core/fdbudget.py)
         if entries:
             self.meta_bounds.check("/".join(parts), cred.uid, 0, usermeta.size_of(entries))
-        return NewAllocation(parent, missing, parts[-1], dev, capacity, ecc, entries)
+        durable = request.durable or (parent.durable and not request.lease)
+        return NewAllocation(parent, missing, parts[-1], dev, capacity, ecc, entries, durable)
 
     def packed(self, new: NewAllocation) -> bool:
         """Whether the new allocation's memory will be a slot: its slab is kept already, so
@@ -120,8 +127,10 @@ class Creation:
              prepared: Prepared | None = None) -> Allocation:
         """Allocate (or take `prepared`'s memory, which the keeper already holds), deposit
         when durable, commit. Missing parent directories are made (mode 0755), like
-        `mkdir -p`, in the same transaction, as is the user metadata."""
-        size, durable, lease = request.size, request.durable, request.lease
+        `mkdir -p`, in the same transaction, as is the user metadata. Durable when asked,
+        when its directory's default says so, or when `prepared` (the keeper holds it)."""
+        size, lease = request.size, request.lease
+        durable = new.durable or prepared is not None
         dev = new.device
         buf = prepared.alloc.buffer if prepared is not None else \
             self.custody.allocate(dev, size, new.capacity, new.ecc, label=path, uid=cred.uid)
@@ -145,6 +154,8 @@ class Creation:
                     self.integrity.protect_new(alloc)
                     if durable:
                         self.custody.deposit(alloc)
+                    if durable and not request.durable:
+                        self.journal.on_commit(lambda: self._kept_only(alloc))
                 self.journal.event("create", alloc, cred, size=size, capacity=new.capacity,
                                    device=dev.uuid, durable=durable, lease=lease,
                                    **({"metadata_keys": len(new.entries)} if new.entries
@@ -160,3 +171,12 @@ class Creation:
         if lease and request.session is not None:
             self.holders.add(alloc, request.session, "lease")
         return alloc
+
+    def _kept_only(self, alloc: Allocation) -> None:
+        """After the commit of an allocation made durable by its directory's default: a
+        caller that went on to make it `restoring` in the same change (a refill of a missing
+        name, daemon/verbs/refill.py) must leave the keeper without it until the restore
+        ends (daemon/core/refills.py deposits it then), so that a crash meanwhile finds it
+        lost rather than adopting its unfilled memory."""
+        if not alloc.kept and not alloc.unlinked:
+            self.custody.withdraw_quietly(alloc.id)

@@ -122,7 +122,8 @@ def describe(node: Node, *, holders: bool = False, path: str | None = None,
     if metadata is not None:
         common["metadata"] = shown(node.metadata) if metadata else None
     if isinstance(node, Directory):
-        return {"type": "directory", **common, "entries": len(node.children)}
+        return {"type": "directory", **common, "entries": len(node.children),
+                "durable": node.durable}
     if isinstance(node, Symlink):       # `mode` is always 0777, as Linux shows a link's
         return {"type": "symlink", **common, "target": node.target}
     if isinstance(node, Special):

@@ -140,6 +140,11 @@ class Aliases:
 class Directory(Node):
     children: dict[str, Node] = dataclasses.field(default_factory=dict)
     subdirs: int = 0         # directories among the children (st_nlink = 2 + subdirs)
+    # The durable default (issue 27; registry column `durable` of its row): the files
+    # and the subdirectories made in it from now are durable, and a subdirectory carries
+    # the default on. What is in it already, and what a rename or a hard link brings in,
+    # keep their own durability.
+    durable: bool = False
 
     # Change `children` only through these two, which keep `subdirs` right. `name`: the
     # entry's name when it is not the node's first (a hard link's).

@@ -13,9 +13,19 @@ each set does), and `user.KEY` for every other key, the node's user metadata
 | user.gpu.ecc        | `rs` or `none`                   | read-only                            |
 | user.gpu.id         | the allocation's id (its inode)  | read-only                            |
 
+On a directory, `user.gpu.durable` is its durable default (issue 27): `true` makes the
+files and subdirectories made in it from then on durable; its owner or root may set it
+(EPERM otherwise), and removing it is setting it to false. It is the only user.gpu.* name
+a directory has.
+
+listxattr never lists the user.gpu.* names (as CephFS keeps `ceph.*` out of it): they are
+read and set by name, so that `rsync -aX` and `cp -a` neither copy gpumemd's state out of
+the mount nor try to remove or set it on a file of the mount (rsync exited 23 on the
+EPERM; issue 27).
+
 `user.KEY` (any KEY not starting `gpu.`) on an allocation or a directory: get, set,
 list and remove as on any Linux filesystem, through the same metadata the socket serves;
-listxattr lists them after ours. The kernel checks the permissions first (read to get,
+listxattr lists them. The kernel checks the permissions first (read to get,
 write to set or remove, the owner for a sticky directory; EPERM for a set on a symlink or
 special file, ENODATA for a get there).
 
@@ -24,8 +34,9 @@ Errors, as Linux filesystems answer them (docs/mount.md has the full table):
 - a size larger than any device could ever hold: EFBIG; one that does not fit now: ENOSPC;
 - set of a read-only name: EPERM, unless the value equals the current one (then nothing
   happens, so `cp -a`/`rsync -X` between two places on the mount do not fail);
-- get of a name that is not there (a user.KEY not set), or of a user.gpu.* name on a
-  directory: ENODATA;
+- get of a name that is not there (a user.KEY not set), or of a user.gpu.* name other
+  than `durable` on a directory: ENODATA;
+- set of a directory's user.gpu.durable by another uid than its owner's (or root): EPERM;
 - set of user.KEY: XATTR_CREATE of one that exists EEXIST, XATTR_REPLACE of one that does
   not ENODATA; past metadata_max_bytes ENOSPC, past the owner's metadata_user_max_bytes
   EDQUOT; a value over 64 KiB is refused by the kernel (E2BIG), and one set larger through
@@ -143,16 +154,20 @@ class Xattrs:
             return self.v.metadata.metadata_value(node, metadata_key(name), cred,
                                                   authorised=True)
         short = short_name(name)
+        if isinstance(node, Directory) and short == "durable":
+            return b"true" if node.durable else b"false"       # its default (issue 27)
         if not isinstance(node, Allocation) or short not in NAMES:
             raise pyfuse3.FUSEError(errno.ENODATA)
         return value_of(node, short).encode()
 
-    def names(self, node: Node | None) -> list[bytes]:
-        """Ours (of an allocation), then the user metadata's keys."""
-        ours = [(PREFIX + n).encode() for n in NAMES] if isinstance(node, Allocation) else []
+    @staticmethod
+    def names(node: Node | None) -> list[bytes]:
+        """The user metadata's keys; never ours, which are read and set by name only (as
+        CephFS keeps its virtual `ceph.*` attributes out of listxattr), so that `rsync -X`,
+        `cp -a` and `getfattr -d` copy and show what users stored and no gpumemd state."""
         if not isinstance(node, (Allocation, Directory)):
-            return ours
-        return ours + [USER_PREFIX + key for key in sorted(node.metadata)]
+            return []
+        return [USER_PREFIX + key for key in sorted(node.metadata)]
 
     def set(self, node: Node | None, name: bytes, value: bytes, cred: Credentials) -> None:
         if _has_user_key(node, name):
@@ -160,6 +175,9 @@ class Xattrs:
                                          authorised=True)
             return
         short = short_name(name)
+        if isinstance(node, Directory) and short == "durable":
+            self._set_durable(node, value, cred)
+            return
         if not isinstance(node, Allocation) or short not in NAMES:
             raise pyfuse3.FUSEError(errno.ENOTSUP)
         try:
@@ -175,11 +193,22 @@ class Xattrs:
                      node.path, exc)
             raise
 
+    def _set_durable(self, directory: Directory, value: bytes, cred: Credentials) -> None:
+        """A directory's durable default: its owner or root (EPERM otherwise, as chmod)."""
+        try:
+            self.v.durability.set_durable_node(directory, cred, parse_durable_value(value))
+        except UsageError as exc:
+            log.info("setxattr user.gpu.durable on '%s' refused: %s", directory.path, exc)
+            raise
+
     def remove(self, node: Node | None, name: bytes, cred: Credentials) -> None:
         if _has_user_key(node, name):
             self.v.metadata.remove_metadata(node, metadata_key(name), cred, authorised=True)
             return
         short = short_name(name)
+        if isinstance(node, Directory) and short == "durable":
+            self.v.durability.set_durable_node(node, cred, False)
+            return
         if not isinstance(node, Allocation) or short not in NAMES:
             raise pyfuse3.FUSEError(errno.ENODATA)
         if short != "durable":

@@ -159,11 +159,18 @@ def add_parity_arenas(db: sqlite3.Connection) -> None:
     execute_script(db, PARITY_SQL)
 
 
+def add_durable_defaults(db: sqlite3.Connection) -> None:
+    """13 -> 14 (issue 27): a directory's `durable` column is the durable default of what is
+    made in it (create_tables()). No directory had one: NULL becomes 0, so that every
+    directory's row says what the tree holds (`check` compares them)."""
+    db.execute("UPDATE nodes SET durable = 0 WHERE kind = 'dir' AND durable IS NULL")
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
               4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names,
               7: add_links_and_special_files, 8: add_hard_links,
               9: add_snapshot_columns, 10: add_user_metadata, 11: add_slabs,
-              12: add_parity_arenas}
+              12: add_parity_arenas, 13: add_durable_defaults}
 
 
 def upgrade(registry: Registry, version: int) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .store import Registry
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 ROOT_ID = 1
 
 
@@ -39,12 +39,17 @@ NODES_SQL = """
         created_ns  INTEGER NOT NULL,  -- wall clock, ns since the epoch
         modified_ns INTEGER NOT NULL,  -- last change of the data (or of the entries, for dirs)
         changed_ns  INTEGER NOT NULL,  -- last change of the metadata
-        -- The columns below, up to `unsealed`, are NULL for every kind but 'alloc'.
+        -- The columns below, up to `unsealed`, are NULL for every kind but 'alloc' (and
+        -- `durable`, which a 'dir' has too).
         size        INTEGER,  -- bytes the user asked for (0 for a pending file made in the mount)
         capacity    INTEGER,  -- bytes held on the device (size rounded up to the device's
                               -- granularity); NULL while 'pending'
         device      TEXT,     -- UUID of the device holding it (host backend: 'HOST-...')
-        durable     INTEGER,  -- 1 durable (survives daemon restarts), 0 transient
+        -- 'alloc': 1 durable (survives daemon restarts), 0 transient. 'dir' (schema 14,
+        -- issue 27): the default of what is made in it, 1 when its new files and new
+        -- subdirectories are durable (a subdirectory inherits it), 0 not; NULL for every
+        -- other kind.
+        durable     INTEGER,
         state       TEXT CHECK (state IN ('pending', 'ready', 'degraded', 'lost')),
         ecc         TEXT CHECK (ecc IN ('rs', 'none')),  -- requested protection
         -- 1 while a client attached read-write has not sealed: its parity is stale, so verify
@@ -228,7 +233,7 @@ def init_root(db: sqlite3.Connection) -> None:
     # The root is like /tmp: anyone may create, only owners may remove (sticky bit).
     db.execute(
         "INSERT INTO nodes (id, parent, name, kind, uid, gid, mode, created_ns,"
-        " modified_ns, changed_ns) VALUES (?, NULL, '', 'dir', ?, ?, ?, ?, ?, ?)",
+        " modified_ns, changed_ns, durable) VALUES (?, NULL, '', 'dir', ?, ?, ?, ?, ?, ?, 0)",
         (ROOT_ID, os.geteuid(), os.getegid(), 0o1777, now, now, now))
     db.execute("INSERT INTO meta VALUES ('created_ns', ?)", (str(now),))
     db.execute("INSERT INTO meta VALUES ('instance', ?)", (os.urandom(8).hex(),))

@@ -51,7 +51,9 @@ class ManyVerbs:
         durable): the caller runs NameVerbs.create for it after the group."""
         request = Request(size, durable, mode, device, ecc, False, session, metadata)
         new = self.creation.check(path, cred, request)
-        if not isinstance(new, NewAllocation) or (durable and not self.creation.packed(new)):
+        # new.durable: asked for, or its directory's durable default (issue 27)
+        if not isinstance(new, NewAllocation) or (new.durable and
+                                                  not self.creation.packed(new)):
             return None
         with self.journal.part():
             alloc = self.creation.make(new, path, cred, request)

@@ -45,6 +45,8 @@ class NodeCommon(TypedDict):
 class Directory(NodeCommon):
     type: Literal["directory"]
     entries: int
+    durable: bool                   # its durable default (issue 27): what is made in it from
+                                    # now on is durable; what it holds keeps its own
 
 
 class Symlink(NodeCommon):

@@ -1,5 +1,6 @@
 """A node's attributes: chmod, chown and utimensat(2) with POSIX's rules of who may change
-what, and the access time a read moves by Linux's relatime rule.
+what, the access time a read moves by Linux's relatime rule, and a directory's durable
+default (issue 27).
 """
 from __future__ import annotations
 
@@ -68,6 +69,25 @@ class Attributes:
                 setattr(node, key, value)
             ns.journal.event("setattr", node, actor, **{k: (f"{v:04o}" if k == "mode" else v)
                                                         for k, v in changes.items()})
+
+    def set_durable_default(self, directory: Directory, cred: Credentials,
+                            durable: bool) -> None:
+        """A directory's durable default (issue 27): what is made in it from now on is
+        durable (its new files, and its new subdirectories, which carry the default on).
+        Its owner or root may change it, as chmod (EPERM otherwise); what is in it already
+        keeps its own durability. Committed with an fsync, as a durable change is."""
+        _require_owner_eperm(directory, cred, "change the durable default of")
+        if directory.durable == durable:
+            return
+        ns = self.ns
+        with ns.journal.change(durable=True):
+            ns.journal.keep(directory, "durable", "changed_ns")
+            directory.durable = durable
+            directory.changed_ns = time.time_ns()
+            ns.registry.nodes.update(directory.id, durable=int(durable),
+                                     changed_ns=directory.changed_ns)
+            ns.journal.event("durable" if durable else "transient", directory, cred)
+        ns.watchers.attrs_changed(directory)
 
     def note_access(self, node: Node) -> None:
         """A read or a listing on the mount: move the access time by Linux's relatime rule

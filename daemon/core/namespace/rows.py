@@ -19,7 +19,8 @@ SEALED, UNSEALED, WRITING = 0, 1, 2
 COLUMNS = ("id", "parent", "name", "kind", "uid", "gid", "mode", "created_ns", "modified_ns",
            "changed_ns", "accessed_ns", "size", "capacity", "device", "durable", "unsealed",
            "state", "ecc", "verified_ns", "snapshot", "snapshot_ns", "target", "rdev")
-_PARENT, _KIND = COLUMNS.index("parent"), COLUMNS.index("kind")
+_PARENT, _KIND, _DURABLE = COLUMNS.index("parent"), COLUMNS.index("kind"), \
+    COLUMNS.index("durable")
 
 
 def kind_of_new(cls: type[Node], fields: dict) -> str:
@@ -43,7 +44,7 @@ def nodes_from_rows(rows: Iterable[tuple]) -> Iterator[tuple[Node, int | None]]:
         common = dict(id=node_id, name=name, parent=None, uid=uid, gid=gid, mode=mode,
                       created_ns=created, modified_ns=modified, changed_ns=changed,
                       accessed_ns=accessed)
-        yield _metadata_node(kind, common, target, rdev), parent
+        yield _metadata_node(kind, common, target, rdev, row[_DURABLE]), parent
 
 
 def _blank(cls: type) -> tuple[dict, tuple[tuple[str, Callable[[], Any]], ...]]:
@@ -86,10 +87,10 @@ def _allocation(row: tuple) -> Allocation:
     return alloc
 
 
-def _metadata_node(kind: str, common: dict, target, rdev) -> Node:
-    """A node of a row that is not an allocation's."""
+def _metadata_node(kind: str, common: dict, target, rdev, durable) -> Node:
+    """A node of a row that is not an allocation's; `durable`: a directory's default."""
     if kind == "dir":
-        return Directory(**common)
+        return Directory(**common, durable=bool(durable))
     if kind == "symlink":
         return Symlink(**common, target=loaded_name(target))
     if kind in SPECIAL_TYPES:

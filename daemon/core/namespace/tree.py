@@ -221,8 +221,11 @@ class Namespace:
     def insert_node(self, cls, parent: Directory, name: str, cred: Credentials, mode: int,
                     node_id: int | None = None, **alloc_fields):
         """A new node and its row. `node_id`: one reserved before (ns.ids.reserve), for an
-        allocation whose memory went to the keeper under it before this commit."""
+        allocation whose memory went to the keeper under it before this commit. A new
+        directory takes its parent's durable default (issue 27) unless told otherwise."""
         self.check_not_reserved(parent, name)
+        if cls is Directory:
+            alloc_fields.setdefault("durable", parent.durable)
         self.require_room_for_a_name(cred.uid)
         now = time.time_ns()
         gid = parent.gid if parent.mode & 0o2000 else cred.gid   # setgid directories

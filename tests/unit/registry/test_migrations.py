@@ -158,3 +158,16 @@ def test_a_newer_registry_is_refused_and_left_as_it_is(tmp_path):
         Registry(path)
     assert refused.value.corrupt is False
     assert schema_of(path) == before
+
+
+@pytest.mark.parametrize("version", [7, 13])
+def test_directories_get_a_durable_default_of_false(tmp_path, version):
+    """13 -> 14 (issue 27): a directory's `durable` column is its durable default. Older
+    directories had none (NULL): each, the root included, says 0 after the migration, and
+    the allocations keep theirs."""
+    path = str(tmp_path / "old.sqlite")
+    write_registry(path, version)
+    Registry(path).close()
+    rows = {r["id"]: (r["kind"], r["durable"]) for r in table_rows(path)["nodes"]}
+    assert rows[1] == ("dir", 0) and rows[3] == ("dir", 0) and rows[4] == ("dir", 0)
+    assert rows[2] == ("alloc", 1)
