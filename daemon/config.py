@@ -225,7 +225,10 @@ KEYS: tuple[Key, ...] = (
         'bytes/s a scrub started without --rate reads, e.g. "200M"; 0: at most 10% of the '
         "time", _size(zero_ok=True)),
     Key("host_capacity", "size", "half of RAM",
-        "bytes the host backend may hand out (ignored by the cuda backend)",
+        "bytes the host backend may hand out (ignored by the cuda backend); by default half "
+        "of RAM, at most the memory available at start. Each gpumemd offers its own: with "
+        "several on one machine (a root's and users'), give each a share; a start names the "
+        "others it sees",
         _size(zero_ok=False), "--host-capacity"),
     Key("log_level", "string", "info", "debug, info, warning or error",
         _choice(*LOG_LEVELS), "--log-level"),

@@ -334,6 +334,7 @@ def main(argv=None) -> int:
         print(f"gpumemd: {exc}", file=sys.stderr)
         return 2
     lines = setup_logging(args.log_level)
+    systemd.name_process()
     try:
         return _main(args, lines)
     except OrphansHeld as exc:

@@ -138,10 +138,31 @@ def safe_directory(what: str, path: str, mode: int = 0o755, *, create: bool = Tr
         try:
             _make_dirs(path, mode)
         except OSError as exc:
-            raise UnsafePath(f"cannot create the {what} {path}: {exc.strerror}") from None
+            raise UnsafePath(f"cannot create the {what} {path}: {exc.strerror}"
+                             f"{next_step(what, path, exc.errno)}") from None
     check_parents(what, path)
     check_directory(what, path)
     return path
+
+
+# The option that names each directory gpumemd makes (next_step's advice).
+OPTION_OF = {"socket directory": "--socket PATH", "state directory": "--state-dir DIR"}
+
+
+def next_step(what: str, path: str, err: int | None) -> str:
+    """What to do when the default place of `what` cannot be made: a user's daemon in a
+    shell without a login session (`su` keeps no XDG_RUNTIME_DIR, so the default socket
+    is /run/user/UID, which only logind makes), or a directory this uid may not write."""
+    if err not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT):
+        return ""
+    option = OPTION_OF.get(what)
+    advice = f"; give {option} in a directory you may write" if option else ""
+    if path.startswith("/run/user/") and not os.environ.get("XDG_RUNTIME_DIR"):
+        advice += (" (XDG_RUNTIME_DIR is not set, as in a `su` shell, so the default is "
+                   "/run/user/UID, which a login makes: log in as this user or `su -l`; or "
+                   "`gpumemd --socket ~/gpumemd.sock` with `export "
+                   "GPUMEMD_SOCKET=~/gpumemd.sock` for gpumemctl)")
+    return advice
 
 
 # ---- files gpumemd makes in its own directories --------------------------------------------

@@ -57,3 +57,19 @@ def listen_fds() -> dict[str, list[int]]:
     for var in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(var, None)
     return grouped
+
+
+PROCESS_NAME = "gpumemd"      # /proc/PID/comm, what ps -o comm and top show
+
+
+def name_process(name: str = PROCESS_NAME) -> None:
+    """Name this process (prctl PR_SET_NAME): `ps -o comm` and `top` show gpumemd however
+    it was started (a console script, `python -c`), and another gpumemd finds it
+    (daemon/backends/hostmem.py). Best effort: without libc's prctl nothing changes."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)      # 15: PR_SET_NAME
+    except (OSError, AttributeError):
+        pass

@@ -32,7 +32,7 @@ import types
 from . import dlpack
 from .client import Client
 from .memory import CudaMemory, HostMapping, expect_fds, region_of
-from .protocol import NotRunning, UsageError
+from .protocol import NotRunning, UsageError, out_of_range
 
 
 def attach(name: str, mode: str = "r", socket: str | None = None, *,
@@ -137,14 +137,13 @@ class Attachment:
     def write(self, data, offset: int = 0) -> None:
         if not self.writable:
             raise UsageError(f"'{self.name}' is attached read-only")
-        self._check_range(offset, len(data))
+        self._check_range(offset, len(data), writing=True)
         self._memory.write(offset, data)
 
-    def _check_range(self, offset: int, length: int) -> None:
+    def _check_range(self, offset: int, length: int, *, writing: bool = False) -> None:
         self._require_attached()
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise UsageError(f"range {offset}+{length} is outside '{self.name}' "
-                             f"(size {self.size})")
+            raise out_of_range(self.name, offset, length, self.size, writing=writing)
 
     # ---- lifetime -----------------------------------------------------------------------------
     @property

@@ -21,7 +21,6 @@ only.
 """
 from __future__ import annotations
 
-import errno
 import os
 from _socket import AF_UNIX, SHUT_RDWR, SOCK_CLOEXEC, SOCK_STREAM
 from _socket import socket as unix_socket
@@ -97,12 +96,8 @@ class Client(BatchCalls):
             self.sock.settimeout(timeout)
         except OSError as exc:
             self.sock.close()
-            reasons: dict[int | None, str | None] = {
-                errno.ENOENT: "no such socket", errno.ECONNREFUSED: "connection refused",
-                errno.EACCES: "permission denied"}
-            reason = reasons.get(exc.errno, exc.strerror)
-            raise NotRunning(f"gpumemd is not running: cannot connect to {self.socket_path} "
-                             f"({reason})") from None
+            from .hints import not_running
+            raise not_running(self.socket_path, exc.errno, exc.strerror) from None
         self.hello: Hello = self.call("hello", version=PROTOCOL_VERSION, client=client_name)
 
     # ---- transport ----------------------------------------------------------------------
@@ -241,6 +236,16 @@ class Client(BatchCalls):
 
     def set_durable(self, path: str, durable: bool = True) -> Allocation:
         return self.call("durable", path=path, durable=durable)
+
+    def rename(self, path: str, to: str, *, replace: bool = True) -> Node:
+        """Give `path` the name `to` (rename(2): an existing `to` is replaced, unless
+        `replace` is False; `to`'s directory must exist). Returns the node."""
+        return self.call("rename", path=path, to=to, no_replace=not replace)
+
+    def resize(self, path: str, size: int) -> Allocation:
+        """Set an allocation's size (as truncate(2)): bytes past the old size read as
+        zeros. No other client may hold it open or attached (Busy)."""
+        return self.call("resize", path=path, size=size)
 
     # ---- data -----------------------------------------------------------------------------
     def open(self, path: str, mode: str = OPEN_MODE) -> Handle:

@@ -5,7 +5,7 @@ the cuda backend) and the daemon's lock on it, given back at close with the rang
 """
 from __future__ import annotations
 
-from .protocol import UsageError
+from .protocol import out_of_range
 
 TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
 if TYPE_CHECKING:
@@ -30,10 +30,9 @@ class Handle:
         self._ranges: list[list[int]] = []     # what was written, merged (_note_write)
         self.restored: dict | None = None    # a refill handle's outcome, sent at close
 
-    def _check_range(self, offset: int, length: int) -> None:
+    def _check_range(self, offset: int, length: int, *, writing: bool = False) -> None:
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise UsageError(f"range {offset}+{length} is outside '{self.info['path']}' "
-                             f"(size {self.size})")
+            raise out_of_range(self.info["path"], offset, length, self.size, writing=writing)
 
     def read(self, offset: int = 0, length: int | None = None) -> bytes:
         length = self.size - offset if length is None else length
@@ -41,7 +40,7 @@ class Handle:
         return self.memory.read(offset, length)
 
     def write(self, data, offset: int = 0) -> None:
-        self._check_range(offset, len(data))
+        self._check_range(offset, len(data), writing=True)
         self.memory.write(offset, data)
         self._note_write(offset, len(data))
 

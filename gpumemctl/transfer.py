@@ -5,7 +5,7 @@ reader on the cuda backend: docs/security.md). An OSError of the local file come
 that file's name, so that the CLI's one line can say which (docs/cli.md, "Local files")."""
 from __future__ import annotations
 
-from .protocol import PermissionDenied, UsageError
+from .protocol import PermissionDenied, UsageError, out_of_range
 from .protocol.defaults import READ_COPY_BYTES
 
 TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
@@ -43,8 +43,7 @@ def _copy_to(client: Client, path: str, out: BinaryIO, offset: int, length: int 
     size = (node["size"] if node["type"] == "allocation" else None) or 0
     length = max(size - offset, 0) if length is None else length
     if offset < 0 or length < 0 or offset + length > size:
-        raise UsageError(f"range offset {offset} length {length} is outside "
-                         f"'{path}' (size {size})")
+        raise out_of_range(path, offset, length, size, writing=False)
     done = 0
     while done < length:
         data = client.read_copy(path, offset + done, min(READ_COPY_BYTES, length - done))
@@ -65,7 +64,7 @@ def write_from(client: Client, path: str, src: BinaryIO, offset: int = 0,
     """Client.write_from."""
     with client.open(path, "rw") as h:
         if total is not None:
-            h._check_range(offset, total)
+            h._check_range(offset, total, writing=True)
         done = 0
 
         def advance(n: int) -> None:
@@ -83,7 +82,9 @@ def write_from(client: Client, path: str, src: BinaryIO, offset: int = 0,
                 h._note_write(offset, done)
         if too_long:
             raise UsageError(f"input is larger than '{h.info['path']}' from offset "
-                             f"{offset} (size {h.size}); nothing past the end was written")
+                             f"{offset} (size {h.size}); nothing past the end was written; "
+                             f"make room first: gpumemctl write --grow (it reads the input "
+                             "first to know its length)")
         return done
 
 

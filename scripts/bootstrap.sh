@@ -78,7 +78,14 @@ target=".[all]"
 [ "$purpose" = test ] && target=".[all,test,lint]"
 echo "bootstrap: installing gpumemctl ($target) and its dependencies into $VENV" >&2
 # compat mode: a plain .pth path entry; the default finder hook costs ~14 ms per start.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
-    --config-settings editable_mode=compat -e "$target"
+# pip's and setuptools' own output (its banner about that mode) goes to a log, shown only
+# when the install fails: one line per step on the terminal.
+log="$VENV/.bootstrap.log"
+if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+        --config-settings editable_mode=compat -e "$target" >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "bootstrap: installing gpumemctl failed (the output above is in $log)" >&2
+    exit 1
+fi
 rm -f "$VENV"/.bootstrap-*
 touch "$VENV/.bootstrap-$sum-$purpose"

@@ -35,6 +35,7 @@ from .base import Backend, BackendUnavailable, Buffer, DeviceInfo
 
 log = logging.getLogger("gpumemd")
 FREE_CACHE_SECONDS = 0.01   # how old a device's free bytes may be (CudaBackend._free_of)
+NVIDIA_DRIVER = "/proc/driver/nvidia/version"   # the kernel module's, where it is loaded
 STAGING_CHUNK = 16 << 20     # the daemon's own I/O is small; clients bring their own buffers
 # A resize of memory this large or larger appends or drops extents instead of copying the
 # whole (CudaBackend.regrow); below it a copy costs less than the descriptors extents hold.
@@ -102,6 +103,11 @@ class CudaBackend(Backend[CudaBuffer]):
             usable = cudadrv.usable_devices()
             self.skipped = [_describe_unusable(i) for i in range(count) if i not in usable]
             self._devices = [self._probe(i) for i in usable]
+        except cudadrv.CudaUnavailable as exc:
+            if not os.path.exists(NVIDIA_DRIVER):    # no GPU here: the loader's words are noise
+                log.debug("cuda backend: %s", exc)
+                raise BackendUnavailable("no NVIDIA driver on this machine") from None
+            raise BackendUnavailable(f"no usable CUDA device: {exc}") from None
         except cudadrv.CudaError as exc:
             raise BackendUnavailable(f"no usable CUDA device: {exc}") from None
         if not self._devices:

@@ -3,7 +3,8 @@
 It has the cuda backend's interface and crash semantics (fd passing, keeper-held fds), so
 everything above the backend is developed and tested on machines without a GPU. Capacity is
 rounded to 2 MiB, the VMM granularity of an H100. The backend hands out at most `limit` bytes
-(by default half of physical memory): memfd pages are allocated lazily, so without this limit
+(by default half of physical memory, at most what is available at start: hostmem.py): memfd
+pages are allocated lazily, so without this limit
 an over-large request would "succeed" and fail later, at first touch.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import uuid
 from gpumemctl.protocol import InvalidState, round_up
 
 from .base import Backend, Buffer, DeviceInfo
+from .hostmem import default_capacity, warn_if_shared
 
 GRANULARITY = 2 << 20
 PAGE = mmap.PAGESIZE
@@ -35,10 +37,6 @@ class HostBuffer(Buffer):
         return self._map
 
 
-def physical_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def host_uuid() -> str:
     """A stable id for this machine's host 'device', in the style of a GPU UUID."""
     try:
@@ -54,7 +52,8 @@ class HostBackend(Backend[HostBuffer]):
 
     def __init__(self, limit: int | None = None):
         self.limit = round_up(limit, GRANULARITY) if limit else \
-            (physical_memory() // 2) // GRANULARITY * GRANULARITY
+            default_capacity(GRANULARITY)
+        warn_if_shared(self.limit, explicit=bool(limit))
         self.uuid = host_uuid()
         self.used = 0
 

@@ -148,8 +148,7 @@ class Mount:
         try:
             pyfuse3.init(self.ops, self.path, mount_options())
         except RuntimeError as exc:
-            raise MountError(f"cannot mount {self.path}: {exc} (is /dev/fuse there, and "
-                             "fusermount3 installed?)") from None
+            raise MountError(f"cannot mount {self.path}: {exc}; {why_no_mount()}") from None
         self.verbs.reports.add_watcher(self.ops.kernel)
         self.ops.kernel.mounted = True
         log.info("mounted %s", self.path)
@@ -208,3 +207,19 @@ class Mount:
         except GpumemError as exc:        # durable files keep WRITING: rebuilt at the start
             log.warning("parity of files closed on the mount left pending: %s", exc)
         log.info("unmounted %s", self.path)
+
+
+def why_no_mount(device: str = "/dev/fuse") -> str:
+    """The likely cause of a failed mount and its fix, found the way `gpumemctl doctor`
+    finds it (issue 27: the message asked "is /dev/fuse there?" while doctor knew)."""
+    try:
+        os.close(os.open(device, os.O_RDWR | os.O_CLOEXEC))
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return (f"{device} is missing: modprobe fuse (in a container: --device "
+                    f"{device} --cap-add SYS_ADMIN)")
+        return (f"{device} cannot be opened by uid {os.geteuid()} ({exc.strerror}): "
+                f"chmod 0666 {device} (its usual mode), or run gpumemd as root")
+    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
+        return "fusermount3 is not on PATH: a non-root gpumemd needs it (apt install fuse3)"
+    return "gpumemctl doctor checks what a mount needs and says the fix"

@@ -66,6 +66,18 @@ async def durable(call: Call) -> Reply:
                                                        a["durable"])), []
 
 
+async def rename(call: Call) -> Reply:
+    a = call.args
+    return call.verbs.names.rename_path(a["path"], a["to"], call.session.cred,
+                                        replace=not a["no_replace"]), []
+
+
+async def resize(call: Call) -> Reply:
+    a = call.args
+    return call.verbs.data.resize_path(a["path"], call.session.cred, a["size"],
+                                       session=call.session), []
+
+
 async def open_(call: Call) -> Reply:
     holder, fds, node = call.verbs.handles.open(call.args["path"], call.session.cred,
                                                 call.session, call.args["mode"],

@@ -129,6 +129,11 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("link", (path(), Arg("target", Kind.STR, what="an existing name (not followed)")),
        allocations.link),
     Op("durable", (path(), flag("durable")), allocations.durable),
+    # Issue 27: rename and resize through the socket (`gpumemctl mv`, `gpumemctl resize`).
+    Op("rename", (path(), Arg("to", Kind.STR, what="the new path (a string)"),
+                  flag("no_replace")), allocations.rename),
+    Op("resize", (path(), Arg("size", Kind.INT, what="a size in bytes (an integer)")),
+       allocations.resize),
     Op("open", (path(), OPEN, flag("regions"), flag("extents")), allocations.open_),
     Op("read", READ, allocations.read),
     Op("close", (HANDLE, Arg("written", Kind.OBJECT, None), Arg("restored", Kind.OBJECT, None)),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from gpumemctl.protocol import UsageError
+from gpumemctl.protocol import out_of_range
 
 from ..backends.packed import PackedBackend
 from ..core.custody import Custody
@@ -45,9 +45,8 @@ class CopyVerbs:
         self.custody.require_memory(alloc)     # lost, restoring, pending: refused here
         size, end = alloc.size or 0, offset + len(data)
         if offset < 0 or end > size:
-            raise UsageError(f"range offset {offset} length {len(data)} is outside "
-                             f"'{alloc.path}' (size {size}); nothing was written",
-                             details={"size": size})
+            raise out_of_range(alloc.path, offset, len(data), size, writing=True,
+                               done="nothing was written")
         self.holders.require_lockable(alloc, writable=True)
         if not data:
             return {"offset": offset, "bytes": 0}

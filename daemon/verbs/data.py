@@ -4,11 +4,13 @@ is daemon/core/sizing.py's."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from gpumemctl.protocol import NoMemory, UsageError
 
 from ..backends import Backend
 from ..core.custody import Custody
+from ..core.describe import describe
 from ..core.integrity import Integrity
 from ..core.journal import Journal
 from ..core.namespace import NOW, Namespace
@@ -18,6 +20,9 @@ from ..core.quotas import Quotas
 from ..core.sessions import Session
 from ..core.sizing import Sizing
 from .plan import ParityWork, Plan
+
+if TYPE_CHECKING:
+    from gpumemctl.protocol.replies import Node as NodeInfo
 
 # A write past the capacity grows it by this factor (capped at GROWTH_CAP bytes a step), so
 # a file written sequentially is copied O(log n) times, not once per granule; the spare is
@@ -50,6 +55,13 @@ class DataVerbs:
         if (alloc.size, alloc.capacity) != before:
             self.ns.watchers.data_changed(alloc)  # a cache of its pages must follow the new size
         return alloc
+
+    def resize_path(self, path: str, cred: Credentials, size: int,
+                    session: Session | None = None) -> NodeInfo:
+        """Op `resize` (`gpumemctl resize`): as truncate(2) through the mount. Bytes past
+        the old size read as zeros; a shrink drops what lies past the new size."""
+        alloc = self.resize(self.ns.lookup_allocation(path, cred), cred, size, session=session)
+        return describe(alloc, cred=cred)
 
     def truncate_on_open(self, alloc: Allocation, cred: Credentials,
                          session: Session) -> None:

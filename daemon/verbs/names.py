@@ -58,10 +58,15 @@ class NameVerbs:
         `ecc` None: the daemon's default. `metadata`: {key: value} of user metadata the new
         allocation gets in the same transaction (an existing one, with `exist_ok`, keeps its
         own). A durable create's deposit goes to the keeper off the loop, under the deposit
-        lock, so that a stalled keeper holds this request only, never the loop."""
+        lock, so that a stalled keeper holds this request only, never the loop. A create
+        in a directory whose durable default is set (issue 27) is a durable create."""
         request = Request(size, durable, mode, device, ecc, lease, session, metadata)
-        if not durable or lease:
+        if lease:
             return self._create(path, cred, request, exist_ok)
+        if not durable:
+            new = self.creation.check(path, cred, request)
+            if not (isinstance(new, NewAllocation) and new.durable):
+                return self._create(path, cred, request, exist_ok, checked=new)
         yield Exclusive(DEPOSITS)
         prepared = None
         new = self.creation.check(path, cred, request)
@@ -77,9 +82,11 @@ class NameVerbs:
         return self._create(path, cred, request, exist_ok, prepared)
 
     def _create(self, path: str, cred: Credentials, request: Request, exist_ok: bool,
-                prepared: Prepared | None = None) -> NodeInfo:
-        """The last step, which checks again: `prepared`'s memory the keeper holds by now."""
-        new = self.creation.check(path, cred, request)
+                prepared: Prepared | None = None, checked: NewAllocation | Node | None = None
+                ) -> NodeInfo:
+        """The last step, which checks again: `prepared`'s memory the keeper holds by now.
+        `checked`: creation.check's answer made in this same step (nothing came between)."""
+        new = self.creation.check(path, cred, request) if checked is None else checked
         if isinstance(new, NewAllocation):
             return describe(self.creation.make(new, path, cred, request, prepared),
                             holders=True)
@@ -161,13 +168,18 @@ class NameVerbs:
     def create_pending(self, parent_id: int, name: str, cred: Credentials,
                        mode: int = FILE_MODE) -> Allocation:
         """An allocation without memory, as `touch` in the mount makes: state 'pending',
-        size 0, no capacity, device or buffer. It is transient; a resize gives it memory."""
+        size 0, no capacity, device or buffer; a resize gives it memory. It is transient,
+        or durable in a directory whose durable default is set (issue 27): then its row is
+        committed at once (not left to the group commit), though without an fsync, as a
+        mkdir's (it holds no memory yet; its first memory's commit is fsynced)."""
         parent = self.ns.parent_for_entry(parent_id, name, cred, mode)
-        with self.journal.change(durable=False, batch=True):
+        durable = parent.durable
+        with self.journal.change(durable=False, batch=not durable):
             alloc = self.ns.insert_node(Allocation, parent, name, cred, mode, size=0,
-                                        capacity=None, device=None, durable=False,
+                                        capacity=None, device=None, durable=durable,
                                         state="pending", ecc=self.creation.default_ecc)
-            self.journal.event("create", alloc, cred, size=0, state="pending")
+            self.journal.event("create", alloc, cred, size=0, state="pending",
+                               **({"durable": True} if durable else {}))
         return alloc
 
     def rename(self, src_parent_id: int, src_name: str, dst_parent_id: int, dst_name: str,
@@ -184,6 +196,19 @@ class NameVerbs:
                  cred: Credentials) -> tuple[Node, Node]:
         """renameat2(RENAME_EXCHANGE) (ns.renames.exchange): nothing is freed."""
         return self.ns.renames.exchange(src_parent_id, src_name, dst_parent_id, dst_name, cred)
+
+    def rename_path(self, path: str, to: str, cred: Credentials, *,
+                    replace: bool = True) -> NodeInfo:
+        """Op `rename` (`gpumemctl mv`): rename(2) by paths, with the checks rename(2) makes
+        (ns.renames.move: write and search on both directories, sticky directories, a
+        directory not into its own subtree). `path`'s last component is not followed (a
+        link is renamed, not its target); `to`'s directory must exist. `replace` False: an
+        existing `to` is an error (Exists) instead of being replaced."""
+        src_dir, src_name, _node = self.ns.lookup_entry(path, cred)
+        parts = split_path(to)
+        dst_dir, _missing = self.ns.parent_for_new(parts, cred, parents=False)
+        node = self.rename(src_dir.id, src_name, dst_dir.id, parts[-1], cred, replace=replace)
+        return describe(node, cred=cred)
 
     def unlink_child(self, parent_id: int, name: str, cred: Credentials) -> None:
         """unlink(2): the name goes now; an allocation's memory now or with its last holder.

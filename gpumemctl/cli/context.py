@@ -48,16 +48,18 @@ def invoke(body: Callable[..., int | None], params: dict) -> int:
         code = body(**params)
         output.flush()
     except (GpumemError, OSError) as exc:
-        return report(exc)
+        return report(exc, as_json=want_json(bool(params.get("json_"))))
     return code or OK
 
 
-def report(exc: GpumemError | OSError) -> int:
+def report(exc: GpumemError | OSError, *, as_json: bool = False) -> int:
     """The one place an error becomes its line on stderr and the exit status (docs/cli.md,
     "Exit status" and "Local files"): a GpumemError is its message and code; an OSError on
     a local file (its `filename` set: every path and stdout writer sets it) the path, the
     errno's words and the errno's code; a reader that went away (`gpumemctl ls | head -1`,
-    EPIPE) is not our error: exit 0, quietly. Any other OSError is a bug: its traceback."""
+    EPIPE) is not our error: exit 0, quietly. Any other OSError is a bug: its traceback.
+    `as_json` (the command's --json): the error is also a JSON document on stdout,
+    {"error": {code, name, message, details}}, with the numbers the line names."""
     if isinstance(exc, OSError):
         to_stdout = exc.filename in (None, output.STDOUT_NAME)
         if exc.errno == errno.EPIPE:
@@ -73,7 +75,10 @@ def report(exc: GpumemError | OSError) -> int:
     if isinstance(exc, CommandLineError):
         output.usage_error(str(exc), exc.hint)
     else:
-        output.error(str(exc))
+        from ..protocol.owners import with_user_names
+        output.error(with_user_names(str(exc)))
+    if as_json:     # a script reading --json gets a document either way (issue 27)
+        output.emit_json({"error": exc.to_wire()})
     try:                # what the command printed before it failed, if stdout takes it
         output.flush()
     except OSError:

@@ -14,15 +14,27 @@ commands = Group()
 
 
 @commands.command("write", plain=True, name=NAME,
-                  file=Arg("Input file, or - for stdin."), offset=OFFSET, json_=JSON)
-def write(name: str, file: str = "-", offset: str = "0", json_: bool = False):
-    """Write FILE (or stdin) into NAME at --offset."""
+                  file=Arg("Input file, or - for stdin."), offset=OFFSET,
+                  grow=Opt("--grow", help="First grow NAME to hold all of the input "
+                           "(stdin is read to its end first)."),
+                  json_=JSON)
+def write(name: str, file: str = "-", offset: str = "0", grow: bool = False,
+          json_: bool = False):
+    """Write FILE (or stdin) into NAME at --offset.
+
+    Without --grow, input past NAME's size is refused before anything is written."""
     from ..localfiles import open_input
     start = parse_offset(offset)
     src = sys.stdin.buffer if file == "-" else open_input(file, regular_only=False)
-    total = os.fstat(src.fileno()).st_size if file != "-" else None
+    if grow and not _is_regular(src):
+        src = _spooled(src)              # a pipe's length is known once it is read
+    total = os.fstat(src.fileno()).st_size if _is_regular(src) else None
     meter = output.Progress(f"write {name}", total or 0)
     with connect() as c:
+        if grow and total is not None:
+            node = c.info(name)
+            if node["type"] == "allocation" and start + total > node["size"]:
+                c.resize(name, start + total)
         done = c.write_from(name, src, start, progress=meter, total=total)
     meter.finish()
     if want_json(json_):
@@ -60,3 +72,22 @@ def _open_output(path: str):
     except OSError as exc:
         from ..localfiles import file_error
         raise file_error(exc, path, "write") from None
+
+
+def _is_regular(f) -> bool:
+    import stat
+    try:
+        return stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _spooled(src):
+    """A pipe's bytes in an unlinked temporary file (in $TMPDIR), read to its end, so
+    that --grow knows how much room to make."""
+    import shutil
+    import tempfile
+    spool = tempfile.TemporaryFile()
+    shutil.copyfileobj(src, spool, 16 << 20)
+    spool.seek(0)
+    return spool

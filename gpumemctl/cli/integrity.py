@@ -103,7 +103,13 @@ def _verify_line(r: Verified) -> str:
 def verify(names: list[str] | None = None, all_: bool = False, repair: bool = False,
            quiet: bool = False, json_: bool = False):
     """Check allocations against their parity (and with --repair, repair them), now.
-    Exit 0 clean, 1 damage found and all repaired, 8 damage left."""
+    Exit 0 clean, 1 damage found and all repaired, 8 damage left.
+
+    Without --repair a verify only looks: damage it finds is recorded, the allocation
+    becomes degraded and its damaged ranges read as EIO (never as bytes that may be wrong)
+    until `verify --repair`, `recover NAME` or the next scrub repairs them. So an operator
+    can first copy or snapshot what is intact, or look at the damage, before anything is
+    rewritten from parity; the scrub and --repair repair at once, as ZFS's scrub does."""
     meter = output.WorkProgress("verify")
     with connect() as c:
         try:

@@ -1,8 +1,8 @@
-"""`gpumemctl ls|info|create|mkdir|rm|ln|durable|transient|revoke`: names, the nodes they name
-and what is set on them. Most of these are the commands scripts run in loops, declared
-`plain` (gpumemctl/cli/plain.py runs them without typer), so this module imports no more
-than their bodies need: gpumemctl.formats (datetime, functools) only for a person's output,
-never for --json."""
+"""`gpumemctl ls|info|create|mkdir|rm|ln|mv|resize|durable|transient|revoke`: names, the
+nodes they name and what is set on them. Most of these are the commands scripts run in
+loops, declared `plain` (gpumemctl/cli/plain.py runs them without typer), so this module
+imports no more than their bodies need: gpumemctl.formats (datetime, functools) only for a
+person's output, never for --json."""
 from __future__ import annotations
 
 import time
@@ -27,15 +27,20 @@ commands = Group()
     path=Arg("Directory or allocation to list (default: the top).", complete=True),
     long=Opt("-l", "--long", help="Long listing."),
     recursive=Opt("-R", "--recursive", help="List directories' contents too."),
+    numeric=Opt("-n", "--numeric-uid-gid",
+                help="Long listing with owners as numbers (as ls -n)."),
     json_=JSON)
-def ls(path: str = "", long: bool = False, recursive: bool = False, json_: bool = False):
-    """List allocations and directories."""
+def ls(path: str = "", long: bool = False, recursive: bool = False, numeric: bool = False,
+       json_: bool = False):
+    """List allocations and directories.
+
+    -l shows owners by name where this machine resolves them; JSON has the numbers."""
     with connect() as c:
         entries = c.ls(path, recursive=recursive)
     if want_json(json_):
         output.emit_json(entries)
-    elif long:
-        output.table([_ls_row(e) for e in entries],
+    elif long or numeric:
+        output.table([_ls_row(e, numeric) for e in entries],
                      ["MODE", "OWNER", "SIZE", "CAPACITY", "DEVICE", "DURABILITY", "STATE",
                       "ECC", "REFS", "LINKS", "MODIFIED", "SNAPSHOT", "NAME"],
                      right={2, 3, 8, 9})
@@ -50,17 +55,21 @@ _LS_KINDS = {"directory": ("d", "dir"), "symlink": ("l", "link"), "fifo": ("p", 
              "block-device": ("b", "blockdev")}
 
 
-def _ls_row(e: Node) -> list[str]:
+def _ls_row(e: Node, numeric: bool = False) -> list[str]:
     from ..formats import age
+    from ..protocol.owners import owner
+    who = owner(e["uid"], e["gid"], numeric)
     name = e["path"] + ("/" if e["type"] == "directory" else "")
     if e["type"] == "symlink":
         name += f" -> {e['target']}"
     if e["type"] != "allocation":
         size = f"{e.get('major')},{e.get('minor')}" if "major" in e else "-"
-        return [_mode_string(e), f"{e['uid']}:{e['gid']}", size, "-", "-", "-",
+        # A directory's durable default (issue 27): what is created in it is durable.
+        durability = "durable" if e["type"] == "directory" and e.get("durable") else "-"
+        return [_mode_string(e), who, size, "-", "-", durability,
                 _LS_KINDS[e["type"]][1], "-", "-", str(e["links"]), e["modified"][:19], "-",
                 name]
-    return [_mode_string(e), f"{e['uid']}:{e['gid']}", format_size(e["size"]),
+    return [_mode_string(e), who, format_size(e["size"]),
             format_size(e["capacity"]), (e["device"] or "-")[:13],
             "durable" if e["durable"] else "transient", e["state"], e["ecc"],
             str(e["refcount"]), str(e["links"]), e["modified"][:19],
@@ -178,6 +187,55 @@ def ln(target: str, name: str, symbolic: bool = False, json_: bool = False):
         output.emit_json(info)
 
 
+@commands.command(
+    "mv", plain=True,
+    source=Arg("The allocation, directory or link to rename.", complete=True),
+    dest=Arg("Its new name; an existing directory: move it into that directory.",
+             complete=True),
+    no_clobber=Opt("-n", "--no-clobber", help="Do not replace an existing DEST."),
+    json_=JSON)
+def mv(source: str, dest: str, no_clobber: bool = False, json_: bool = False):
+    """Rename SOURCE to DEST, or move it into the directory DEST (as mv does).
+
+    An existing DEST that is not a directory is replaced (its memory freed), unless -n."""
+    with connect() as c:
+        target = _into_directory(c, source, dest)
+        info = c.rename(source, target, replace=not no_clobber)
+    if want_json(json_):
+        output.emit_json(info)
+
+
+def _into_directory(c, source: str, dest: str) -> str:
+    """DEST/basename(SOURCE) where DEST is an existing directory (mv's rule), else DEST."""
+    try:
+        node = c.info(dest)
+    except GpumemError:
+        return dest
+    if node["type"] != "directory":
+        return dest
+    base = source.rstrip("/").rsplit("/", 1)[-1]
+    return f"{dest.rstrip('/')}/{base}" if dest.strip("/") else base
+
+
+@commands.command(
+    "resize", plain=True, name=NAME,
+    size=Opt("--size", "-s", help="The new size, e.g. 64M, 1.5G, or 0."), json_=JSON)
+def resize(name: str, size: str | None = None, json_: bool = False):
+    """Set NAME's size, as truncate(1): bytes past the old size read as zeros.
+
+    No other client may hold NAME open or attached while it is resized (exit 9)."""
+    if size is None:
+        raise CommandLineError("missing option '--size' / '-s' (e.g. --size 8G)", "resize")
+    nbytes = parse_size(size, allow_zero=True)
+    with connect() as c:
+        info = c.resize(name, nbytes)
+    if want_json(json_):
+        output.emit_json(info)
+        return
+    output.note(f"resized {info['path']} to {format_size(info['size'])} "
+                f"({info['size']} bytes)")
+
+
 @commands.command("durable", plain=True, names=NAMES, json_=JSON)
 def durable(names: list[str], json_: bool = False):
     """Mark allocations durable: they survive client and daemon crashes."""
@@ -207,8 +265,12 @@ def _info_value(key: str, value) -> str:
     if key == "names":
         return ", ".join(value)
     if key == "holders":
-        return ", ".join(f"{h['kind']} (pid {h['pid']}, uid {h['uid']})"
+        return ", ".join(f"{h['kind']} (pid {h['pid']}, {_uid(h['uid'])})"
                          for h in value) or "none"
+    if key in ("uid", "gid") and isinstance(value, int):
+        from ..protocol.owners import group_name, user_name
+        name = (user_name if key == "uid" else group_name)(value)
+        return f"{value} ({name})" if name else str(value)
     if key in ("size", "capacity") and value is not None:
         return f"{value} ({format_size(value)})"
     if key == "extents":       # memory of several backend allocations (docs/storage.md)
@@ -236,3 +298,9 @@ def revoke(name: str, json_: bool = False):
         output.data(f"revoked {h['kind']} by pid {h['pid']} (uid {h['uid']})")
     if not revoked:
         output.note(f"no other session reads {name}")
+
+
+def _uid(uid: int) -> str:
+    from ..protocol.owners import user_name
+    name = user_name(uid)
+    return f"uid {uid} ({name})" if name else f"uid {uid}"

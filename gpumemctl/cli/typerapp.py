@@ -26,12 +26,14 @@ from .. import output
 from ..protocol.errors import OK, USAGE
 from . import context, root
 from .declare import Arg, Command, Group, Opt
+from .examples import epilog, reflowed, short_help
 
 # The order `gpumemctl -h` lists the commands in (the man page's too): by what a person
 # looks for first, not by the module that declares each.
-ORDER = ("ls", "create", "mkdir", "rm", "ln", "durable", "transient", "info", "revoke",
-         "write", "read", "status", "load", "save", "metrics", "devices", "events", "check",
-         "verify", "recover", "top", "doctor", "scrub", "compact", "snapshot", "meta", "debug")
+ORDER = ("ls", "create", "mkdir", "rm", "mv", "ln", "resize", "durable", "transient", "info",
+         "revoke", "write", "read", "status", "load", "save", "metrics", "devices", "events",
+         "check", "verify", "recover", "top", "doctor", "scrub", "compact", "snapshot", "meta",
+         "debug")
 
 
 def complete_name(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:
@@ -76,6 +78,7 @@ def _dressed(run, command: Command, with_context: bool = False):
     """`run` as typer must see it: the body's name and docstring (the help), the signature
     of _signature, and `body`, what the fast path calls too (tests/unit/test_cli_plain.py)."""
     functools.update_wrapper(run, command.body)
+    run.__doc__ = reflowed(command.body.__doc__)
     run.__signature__ = _signature(command, with_context)
     run.body = command.body
     return run
@@ -114,8 +117,13 @@ def _sub_app(group: Group) -> typer.Typer:
     for name, member in group.members.items():
         if not isinstance(member, Command):
             raise TypeError(f"{group.name} {name}: groups go one level deep")
-        sub.command(name)(_callback(member))
+        sub.command(name, **_help_of(f"{group.name} {name}", member))(_callback(member))
     return sub
+
+
+def _help_of(full_name: str, command: Command) -> dict:
+    """A command's one-line entry in its group's list and its examples (examples.py)."""
+    return {"short_help": short_help(command.body.__doc__), "epilog": epilog(full_name)}
 
 
 def declared() -> dict[str, Command | Group]:
@@ -143,9 +151,10 @@ def build_app() -> typer.Typer:
     for name in ORDER:
         member = members[name]
         if isinstance(member, Command):
-            app.command(name)(_callback(member))
+            app.command(name, **_help_of(name, member))(_callback(member))
         else:
-            app.add_typer(_sub_app(member), name=name)
+            app.add_typer(_sub_app(member), name=name,
+                          short_help=short_help(member.help))
     return app
 
 

@@ -21,12 +21,12 @@ from .errors import (
     error_from_wire,
 )
 from .names import check_component, name_bytes, name_from_bytes, normalize, split_path
-from .sizes import format_size, parse_size, round_up
+from .sizes import format_size, out_of_range, parse_size, round_up
 
 __all__ = [
     "ERROR_TABLE", "PROTOCOL_VERSION", "SOCKET_ENV", "Busy", "Exists", "GpumemError",
     "InternalError", "InvalidState", "NoMemory", "NotFound", "NotRunning", "PermissionDenied",
     "ProtocolError", "Uncorrectable", "UsageError", "check_component", "default_socket",
     "default_state_dir", "error_from_wire", "format_size", "name_bytes", "name_from_bytes",
-    "normalize", "parse_size", "round_up", "split_path",
+    "normalize", "out_of_range", "parse_size", "round_up", "split_path",
 ]

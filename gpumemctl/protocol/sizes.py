@@ -66,3 +66,27 @@ def format_size(n: int | None) -> str:
 
 def round_up(n: int, granularity: int) -> int:
     return -(-n // granularity) * granularity
+
+
+def out_of_range(path: str, offset: int, length: int, size: int, *, writing: bool,
+                 done: str = "") -> UsageError:
+    """The error for bytes [offset, offset+length) that are not all within `path`'s
+    `size`, worded one way for every path that checks (handles, attachments, copies, the
+    daemon's): what was asked, the size, and for a write the command that makes room.
+    `done`: what happened meanwhile ("nothing was written")."""
+    what = "write" if writing else "read"
+    if offset < 0 or length < 0:
+        asked = f"offset {offset}" if offset < 0 else f"length {length}"
+        message = f"cannot {what} '{path}' at {asked}: offsets and lengths are 0 or more"
+    elif offset > size:
+        message = (f"cannot {what} '{path}' at offset {offset}: that is outside its size "
+                   f"{size} ({format_size(size)})")
+    else:
+        message = (f"cannot {what} {length} bytes at offset {offset} of '{path}': that is "
+                   f"outside its size {size} ({format_size(size)})")
+    if done:
+        message += f"; {done}"
+    if writing and offset >= 0 and length >= 0:
+        message += (f"; make room first: gpumemctl resize {path} --size {offset + length} "
+                    "(or gpumemctl write --grow)")
+    return UsageError(message, details={"size": size, "offset": offset, "length": length})

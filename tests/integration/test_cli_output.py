@@ -123,6 +123,8 @@ HUMAN_RUNS = [
     ("revoke", "extra/x"), ("meta", "set", "extra/x", "k", "v"), ("meta", "ls", "extra/x"),
     ("meta", "get", "extra/x", "k"), ("info", "extra/x"), ("meta", "rm", "extra/x", "k"),
     ("ln", "-s", "x", "extra/link"), ("ls", "-l", "extra"),
+    ("resize", "extra/x", "--size", "2M"), ("mv", "extra/x", "extra/y"), ("mv", "extra/y",
+                                                                              "extra/x"),
     ("info", "extra/link"), ("ln", "x", "extra/hard"),
     ("rm", "-r", "extra"), ("top",), ("status",), ("events", "-n", "5"),
     ("snapshot", "create", "SNAPS", "models/clean"), ("snapshot", "ls", "SNAPS"),

@@ -25,6 +25,7 @@ GOOD_ARGS: dict[str, dict] = {
     "hello": {"version": PROTOCOL_VERSION}, "ls": {}, "info": {"path": "a"},
     "create": {"path": "new", "size": 4096}, "mkdir": {"path": "d"}, "rm": {"path": "a"},
     "durable": {"path": "a"}, "open": {"path": "a"}, "close": {"handle": 1},
+    "rename": {"path": "a", "to": "a2"}, "resize": {"path": "a", "size": 8192},
     "read": {"path": "a", "length": 10}, "revoke": {"path": "a"},
     "attach": {"path": "a"}, "detach": {"handle": 1}, "seal": {"path": "a"},
     "export_dmabuf": {"path": "a"}, "status": {}, "devices": {}, "events": {},
