@@ -146,3 +146,25 @@ def test_the_mount_sees_a_rename_made_through_the_socket(mounted):
         assert f.read() == b"hello"
     d.cli("resize", "new", "--size", "8", check=True)
     assert os.path.getsize(os.path.join(d.mnt, "new")) == 8
+
+
+def _plant_link(sock: str) -> bool:
+    with Client(sock, timeout=30) as c:
+        c.symlink("../secret", "tmp/link")       # a link to root's file, in a shared directory
+    return True
+
+
+def test_root_moving_a_link_another_user_planted_moves_the_link_not_its_target(daemon):
+    if os.geteuid() != 0:
+        pytest.skip("switching uid needs root")
+    daemon.cli("mkdir", "tmp", "--mode", "1777", check=True)
+    daemon.cli("create", "secret", "--size", "4K", check=True)
+    _write(daemon, "secret", b"s" * 4096)
+    run_as(_plant_link, daemon.socket)
+    daemon.cli("mv", "tmp/link", "tmp/moved", check=True)
+    assert daemon.cli("read", "secret", check=True).stdout == b"s" * 4096
+    names = {e["path"]: e for e in daemon.cli_json("ls", "-R")}
+    assert "secret" in names and names["tmp/moved"]["type"] == "symlink"
+    assert "tmp/link" not in names
+    daemon.cli("resize", "tmp/moved", "--size", "1", check=True)   # the target, followed...
+    assert daemon.cli_json("info", "secret")["size"] == 1           # ...as truncate(1) does
