@@ -41,6 +41,7 @@ from .registry import GROUP_COMMIT_SECONDS, Registry, RegistryUnusable
 from .server import VERSION, Server
 from .server.transport import PRIVILEGED_EXTRA, ConnectionLimits
 from .services import autosnap, housekeeping
+from .services.health import HealthMonitor
 from .services.scrub import Scrubber
 from .verbs import Verbs
 from .verbs.checks import Checks
@@ -295,6 +296,8 @@ async def run_daemon(verbs: Verbs, server: Server, mount: Mount | None, *,
                                GroupCommit(verbs.checks, registry).run)
             if server.scrubber is not None:
                 nursery.start_soon(background, "scrubber", server.scrubber.run)
+            if server.health is not None:
+                nursery.start_soon(background, "GPU health", server.health.run)
             await nursery.start(server.serve)
             if mount is not None:
                 await nursery.start(mount.serve)
@@ -461,7 +464,7 @@ def _main(args, lines: ClientLines | None = None) -> int:
                     scrubber=Scrubber(verbs, default_rate=args.scrub_rate),
                     limits=ConnectionLimits(fds.connections, args.max_connections_per_uid,
                                             args.max_connection_rate_per_uid),
-                    admin_gid=args.admin_group)
+                    admin_gid=args.admin_group, health=HealthMonitor(verbs))
     mount = Mount(verbs, mount_path) if mount_path else None
     # The event loop shares the GIL with worker threads that encode parity (a plan's
     # ParityWork, daemon/verbs/plan.py):

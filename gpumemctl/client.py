@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         Device,
         Directory,
         Event,
+        GpuEvent,
         Hello,
         Holder,
         MetaRemoved,
@@ -463,6 +464,12 @@ class Client(BatchCalls):
                       pattern: str = CORRUPT_PATTERN) -> Corrupted:
         return self.call("debug_corrupt", path=path, offset=offset, length=length,
                          parity=parity, pattern=pattern)
+
+    def debug_gpu_event(self, device: int, *, xid: int | None = None, ecc: str | None = None,
+                        remap: bool = False) -> GpuEvent:
+        """A GPU health incident on device `device` (its index), as if NVML reported it:
+        one of `xid`, `ecc` ("double") or `remap` (gpumemd --enable-fault-injection)."""
+        return self.call("debug_gpu_event", device=device, xid=xid, ecc=ecc, remap=remap)
 
 
 def _text(value: str | bytes) -> str:

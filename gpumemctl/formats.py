@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import time
 
 from .protocol import UsageError, format_size
 
@@ -156,3 +157,41 @@ def telemetry_summary(d: Device) -> str:
             f"{na(d.get('temperature_c'), '{}C')}, {power(d)}, ECC {ecc_mode(d)} "
             f"(uncorrected volatile/aggregate {uncorrected(d)}), remapped rows "
             f"pending/failure {remapped(d)}, PCIe {pcie(d)}")
+
+
+def health(d: Device) -> str:
+    """A device's health (docs/telemetry.md, "GPU health"): `ok`, or the state and its last
+    cause, `degraded (ecc_double)`, `lost (xid 79)`."""
+    h = d.get("health") or {}
+    state = h.get("state") or "n/a"
+    if state == "ok" or not h.get("cause"):
+        return state
+    cause = f"xid {h['xid']}" if h.get("cause") == "xid" and h.get("xid") is not None \
+        else h["cause"]
+    return f"{state} ({cause})"
+
+
+def health_summary(d: Device) -> str:
+    """`status`'s health line of a device: the state, the last cause and when, the counts."""
+    h = d.get("health") or {}
+    counts = ", ".join(f"{cause} {n}" for cause, n in sorted((h.get("counts") or {}).items())
+                       if n) or "no incidents"
+    when = ""
+    if h.get("at"):
+        when = " at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h["at"]))
+    return f"health {health(d)}{when}; {counts}; watched by {h.get('monitor') or 'n/a'}"
+
+
+def container_name(container: dict | None) -> str | None:
+    """A holder's container for people (docs/operations.md, "Containers"): `docker
+    1a2b3c4d5e6f` (the runtime and the id's first 12 characters, as `docker ps`), with
+    `pod UID` for a Kubernetes pod; None without one. The caller escapes it."""
+    if not isinstance(container, dict):
+        return None
+    cid, pod = container.get("id"), container.get("pod")
+    parts = [str(container.get("runtime") or "container")]
+    if cid:
+        parts.append(str(cid)[:12])
+    if pod:
+        parts.append(f"pod {pod}")
+    return " ".join(parts)

@@ -91,6 +91,15 @@ def collect(status: Status) -> list[Family]:
     _scrub(r, status.get("scrub") or {})
     for action, report in sorted((status.get("snapshots") or {}).items()):
         _snapshot(r, action, report)
+    for c in status.get("containers") or []:
+        r.gauge("gpumemd_container_held_bytes", "capacity of the allocations that at least "
+                "one holder in the container holds (parity excluded)", c.get("held_bytes"),
+                container=str(c.get("id") or ""), runtime=str(c.get("runtime") or ""),
+                pod=str(c.get("pod") or ""))
+        r.gauge("gpumemd_container_holders", "holders (handles, attachments, leases, files "
+                "open on the mount) whose process ran in the container", c.get("holders"),
+                container=str(c.get("id") or ""), runtime=str(c.get("runtime") or ""),
+                pod=str(c.get("pod") or ""))
     for q in status.get("quotas") or []:
         uid = str(q["uid"])
         r.gauge("gpumemd_quota_bytes", "capacity the uid's allocations may hold ([quotas])",
@@ -222,6 +231,28 @@ def _device(r: Registry, dev: Device) -> None:
         if not isinstance(value, int | float):      # None (NVML cannot say), or text
             continue
         r(name, type_, help_).add(value * scale if scale != 1 else value, **labels)
+    _health(r, dev, labels)
+
+
+HEALTH_STATES = ("ok", "degraded", "lost")             # docs/telemetry.md, "GPU health"
+HEALTH_CAUSES = ("xid", "ecc_double", "remap_pending")
+
+
+def _health(r: Registry, dev: Device, labels: dict) -> None:
+    """The device's health (issue 28): one sample per state, 1 for the one it is in, and
+    the incidents per cause since gpumemd started."""
+    health: dict = dict(dev.get("health") or {})
+    if not health.get("state"):
+        return
+    for state in HEALTH_STATES:
+        r.gauge("gpumemd_device_health", "1 for the device's health state (ok, degraded: "
+                "ECC, a remap pending or a critical XID; lost: fell off the bus), 0 for the "
+                "others", health["state"] == state, **labels, state=state)
+    counts: dict = dict(health.get("counts") or {})
+    for cause in HEALTH_CAUSES:
+        r("gpumemd_device_health_events_total", "counter", "GPU health incidents (NVML "
+          "events, polled counters, injected ones) since gpumemd started, per cause").add(
+            int(counts.get(cause, 0)), **labels, cause=cause)
 
 
 def _scrub(r: Registry, s: ScrubSummary) -> None:

@@ -159,6 +159,8 @@ class Creation:
                 self.journal.event("create", alloc, cred, size=size, capacity=new.capacity,
                                    device=dev.uuid, durable=durable, lease=lease,
                                    **({"metadata_keys": len(new.entries)} if new.entries
+                                      else {}),
+                                   **(request.session.origin.detail() if request.session
                                       else {}))
         except BaseException:     # the undo log took back the tree and any deposit
             if prepared is not None:

@@ -31,12 +31,14 @@ from collections.abc import Callable
 DETAIL_LIMIT = 4096       # bytes of JSON per event detail
 STRING_LIMIT = 1024       # characters of one string value
 LIST_LIMIT = 16           # items of a list kept as they are; longer ones are summarised
+STRS_ITEM_LIMIT = 256     # characters of one string of a "strs" list
 KEY_LIMIT = 64            # characters of a key name (unknown kinds only)
 LINE_PATH_LIMIT = 1024    # characters of the path shown in the log line
 INT_RANGE = (-(1 << 63), (1 << 64) - 1)   # what SQLite and every reader can hold
 
 # Value types: "str", "int", "bool", "ints" (a list of integers, e.g. block numbers),
-# "ranges" (a list of [start, end) byte ranges). Any value may also be null.
+# "ranges" (a list of [start, end) byte ranges), "strs" (a list of strings, e.g. the first
+# names a gpu_health event names: each cut to STRS_ITEM_LIMIT). Any value may also be null.
 _REASON = {"reason": "str"}
 # The kinds whose detail a client reports: typed numbers only, never "str" (a test holds it).
 CLIENT_REPORTED = frozenset({"write"})
@@ -54,8 +56,11 @@ SCHEMA: dict[str, dict[str, str]] = {
     "parity": {"action": "str", **_REASON},
     "keeper": {"action": "str", "redeposited": "int", "withdrawn": "int"},
     "mkdir": {"mode": "str"},
+    # `container` (create, seal, unsealed, release): the container id of the session or
+    # holder the event is about, where it ran in one (daemon/core/containers.py: the
+    # daemon's reading of its cgroup, an id of [0-9a-zA-Z_.-] only).
     "create": {"size": "int", "capacity": "int", "device": "str", "durable": "bool",
-               "lease": "bool", "state": "str", "metadata_keys": "int"},
+               "lease": "bool", "state": "str", "metadata_keys": "int", "container": "str"},
     # User metadata (issue 17): a key set or removed (`action` set or rm; `bytes`: the
     # value's size), or all of it replaced by a restore (`action` replace, `keys`). Never
     # a value: those are the user's data.
@@ -76,9 +81,9 @@ SCHEMA: dict[str, dict[str, str]] = {
     # a list of `ranges`, which is summarised when long.
     # `range_unknown`: the daemon's note at start that a writer was open when it stopped.
     "write": {"offset": "int", "bytes": "int", "ranges": "ranges", "range_unknown": "bool"},
-    "seal": _REASON,
-    "unsealed": _REASON,
-    "release": _REASON,
+    "seal": {"container": "str", **_REASON},
+    "unsealed": {"container": "str", **_REASON},
+    "release": {"container": "str", **_REASON},
     "revoke": {"holders": "int"},
     "damage": {"blocks": "ints", "ranges": "ranges", **_REASON},
     "healed": {"blocks": "ints", **_REASON},
@@ -93,6 +98,16 @@ SCHEMA: dict[str, dict[str, str]] = {
     "snapshot": {"action": "str", "snapshot": "str", "location": "str", "result": "str",
                  "bytes": "int", "bytes_written": "int", "duration_ms": "int",
                  "allocations": "int", "incremental": "bool", "io": "str"},
+    # GPU health (issue 28, daemon/services/health.py): what NVML (or `debug gpu-event`)
+    # reported of a device, and the allocations on it. One event without names (uid null:
+    # every user sees it) and one per owner naming that owner's allocations: `allocations`
+    # the count, `paths`/`ids` the first GPU_HEALTH_NAMED. `action` "verified" follows the
+    # verify started at once (clean, corrected, uncorrectable: blocks).
+    "gpu_health": {"action": "str", "device": "str", "index": "int", "cause": "str",
+                   "xid": "int", "state": "str", "injected": "bool", "allocations": "int",
+                   "paths": "strs", "ids": "ints", "lost": "int", "verified": "int",
+                   "clean": "int", "corrected": "int", "uncorrectable": "int",
+                   "failed": "int"},
 }
 
 
@@ -135,7 +150,18 @@ def _checked(key, value, allowed: dict[str, str] | None):
         return value if _is_int(value) else _DROP
     if kind == "ints":
         return _list(value, _is_int)
+    if kind == "strs":
+        kept = _list(value, lambda v: isinstance(v, str))
+        return kept if kept is _DROP else _cut_strs(kept)
     return _list(value, _is_range)            # "ranges"
+
+
+def _cut_strs(value):
+    """A "strs" list (or its summary) with each string cut to STRS_ITEM_LIMIT."""
+    if isinstance(value, dict):
+        return {k: cut(v, STRS_ITEM_LIMIT) if isinstance(v, str) else v
+                for k, v in value.items()}
+    return [cut(v, STRS_ITEM_LIMIT) for v in value]
 
 
 def _scalar_type(value) -> str | None:
@@ -208,11 +234,30 @@ def _fit(detail: dict) -> dict:
             longest = max(strings, key=lambda k: len(detail[k]))
             detail[longest] = cut(original[longest], len(detail[longest]) // 2)
             continue
+        if _shorten_strs(detail):
+            continue
         # Only reachable for a kind without a schema that carries very many keys.
         victim = next(k for k in reversed(detail) if k != "dropped_keys")
         del detail[victim]
         detail["dropped_keys"] = detail.pop("dropped_keys", 0) + 1
     return detail
+
+
+def _shorten_strs(detail: dict) -> bool:
+    """Halve the strings of the longest "strs" list (or drop its last item once they are
+    short); whether anything was shortened."""
+    lists = [k for k, v in detail.items() if isinstance(v, list) and v
+             and all(isinstance(s, str) for s in v)]
+    if not lists:
+        return False
+    key = max(lists, key=lambda k: sum(len(s) for s in detail[k]))
+    items = detail[key]
+    longest = max(len(s) for s in items)
+    if longest > 64:
+        detail[key] = [cut(s, longest // 2) for s in items]
+    else:
+        detail[key] = items[:-1]
+    return True
 
 
 def visible_to(event: dict, uid: int, *, administrator: bool) -> bool:

@@ -17,6 +17,7 @@ import time
 from gpumemctl.protocol import Busy, NotFound
 
 from ..registry import Registry
+from . import containers
 from .journal import Journal
 from .nodes import WRITER_KINDS, Allocation, Holder
 from .permissions import Credentials, administrative_uid
@@ -47,8 +48,11 @@ class Holders:
         self.per_uid: dict[int, int] = {}       # holders (but the mount's) by uid
 
     # ---- sessions -----------------------------------------------------------------------
-    def open_session(self, cred: Credentials, client: str = "") -> Session:
-        session = Session(cred=cred, client=client)
+    def open_session(self, cred: Credentials, client: str = "",
+                     pidfd: int | None = None) -> Session:
+        """A new session; its client's cgroup is read now, once (`pidfd`: the peer's at
+        connect, which vouches that the pid read is still that peer: containers.read)."""
+        session = Session(cred=cred, client=client, origin=containers.read(cred.pid, pidfd))
         self.sessions[session.id] = session
         return session
 
@@ -73,6 +77,22 @@ class Holders:
         kept = {h.alloc.id: h.alloc for s in sessions
                 for h in s.holders.values() if h.alloc.unlinked}
         return list(kept.values())
+
+    def held_per_container(self, uid: int | None = None) -> list[dict]:
+        """Per container that holds something: {runtime, id, pod, held_bytes, holders},
+        held_bytes the capacity of the allocations with at least one holder in it (each
+        counted once per container). `uid`: only that uid's holders."""
+        held: dict[tuple[str, str, str], tuple[dict[int, int], list[int]]] = {}
+        for session in [*self.sessions.values(), *self.ending.values()]:
+            for h in session.holders.values():
+                key = h.origin.key()
+                if key is None or (uid is not None and h.uid != uid):
+                    continue
+                allocs, count = held.setdefault(key, ({}, [0]))
+                allocs[h.alloc.id] = h.alloc.capacity or 0
+                count[0] += 1
+        return [{"runtime": k[0], "id": k[1], "pod": k[2], "held_bytes": sum(a.values()),
+                 "holders": n[0]} for k, (a, n) in sorted(held.items())]
 
     # ---- the lock -----------------------------------------------------------------------
     @staticmethod
@@ -120,8 +140,11 @@ class Holders:
         cred = cred or session.cred
         if kind not in MOUNT_KINDS:
             self._require_room(cred.uid)
+        # The session's cgroup, or, for another pid (the mount's callers, each blocked in
+        # its open(2) while this runs, so the pid is still theirs), that pid's, read now.
+        origin = session.origin if cred.pid == session.cred.pid else containers.read(cred.pid)
         holder = Holder(id=next(self._ids), kind=kind, session=session, alloc=alloc,
-                        pid=cred.pid, uid=cred.uid, since_ns=time.time_ns())
+                        pid=cred.pid, uid=cred.uid, since_ns=time.time_ns(), origin=origin)
         if kind in MOUNT_KINDS:
             self._link(holder)
         else:

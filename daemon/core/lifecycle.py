@@ -71,7 +71,7 @@ class Lifecycle:
             elif alloc.leased and not alloc.durable:
                 with self.journal.change(durable=False):
                     self.ns.forget(alloc)
-                    self.journal.event("release", alloc, None,
+                    self.journal.event("release", alloc, None, **holder.origin.detail(),
                                        reason="last holder of a leased allocation is gone")
                     self.journal.keep(alloc, "unlinked")
                     alloc.unlinked = True

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .containers import UNKNOWN, Origin
+
 # Holders that write the memory through an fd of their own (daemon/core/holders.py has the rest).
 WRITER_KINDS = ("write", "attach-w")
 
@@ -27,10 +29,15 @@ class Holder:
     pid: int
     uid: int
     since_ns: int
+    # Its process's cgroup and container, read once when it was made (daemon/core/
+    # containers.py): its session's, or, for a pid other than the session's (a file open
+    # on the mount), that pid's then.
+    origin: Origin = UNKNOWN
 
     def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.kind, "pid": self.pid, "uid": self.uid,
-                "session": self.session.id, "since_ns": self.since_ns}
+                "session": self.session.id, "since_ns": self.since_ns,
+                "cgroup": self.origin.cgroup, "container": self.origin.container}
 
 
 @dataclasses.dataclass(eq=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from .containers import UNKNOWN, Origin
 from .permissions import Credentials
 
 _ids = itertools.count(1)
@@ -23,3 +24,6 @@ class Session:
     # Handles and attachments the allocation's owner revoked (HandleVerbs.revoke_readers):
     # their close or detach answers quietly, as if they were still held.
     revoked: set = dataclasses.field(default_factory=set)
+    # The client's cgroup and container, read from /proc/PID/cgroup once at the hello
+    # (daemon/core/containers.py); every holder of the session carries it.
+    origin: Origin = UNKNOWN

@@ -191,6 +191,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("debug_corrupt", (path(), Arg("offset", Kind.INT), Arg("length", Kind.INT),
                          Arg("pattern", Kind.STR, CORRUPT_PATTERN), flag("parity")),
        verify.debug_corrupt),
+    # GPU health (issue 28): an incident injected as if NVML reported it (fault injection).
+    Op("debug_gpu_event", (Arg("device", Kind.INT), Arg("xid", Kind.INT, None),
+                           Arg("ecc", Kind.STR, None, choices=("double",)), flag("remap")),
+       status.debug_gpu_event),
 )}
 
 

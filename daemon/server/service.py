@@ -36,6 +36,7 @@ from .schema import validate
 from .transport import Connection, ConnectionLimits, listen
 
 if TYPE_CHECKING:
+    from ..services.health import HealthMonitor
     from ..services.scrub import Scrubber
     from ..verbs import Verbs
 
@@ -47,7 +48,7 @@ HANDSHAKE_SECONDS = 5.0     # a connection must say hello within this long
 class Server:
     def __init__(self, verbs: Verbs, socket_path: str, info: dict, *,
                  scrubber: Scrubber | None = None, limits: ConnectionLimits | None = None,
-                 admin_gid: int | None = None):
+                 admin_gid: int | None = None, health: HealthMonitor | None = None):
         """`limits`: how many connections each user may hold (config max_connections,
         max_connections_per_uid); `admin_gid`: config admin_group."""
         self.verbs = verbs
@@ -55,6 +56,7 @@ class Server:
         self.limits = limits or ConnectionLimits(DEFAULT_MAX_CONNECTIONS,
                                                  DEFAULT_MAX_CONNECTIONS_PER_UID)
         self.scrubber = scrubber      # daemon/services/scrub.py
+        self.health = health          # daemon/services/health.py (GPU health)
         self.socket_path = socket_path
         self.info = info              # daemon facts for hello/status
         self.started = time.time()
@@ -110,7 +112,12 @@ class Server:
             raise ProtocolError(f"protocol version {version!r} is not supported; this "
                                 f"gpumemd speaks version {PROTOCOL_VERSION}")
         client = str(args.get("client", ""))[:CLIENT_NAME_CHARS]
-        session = self.verbs.handles.open_session(conn.cred, client)
+        pidfd = conn.peer_pidfd()
+        try:        # the client's cgroup read once, now (daemon/core/containers.py)
+            session = self.verbs.handles.open_session(conn.cred, client, pidfd)
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
         try:
             await conn.answer(msg.get("id"), {
                 "version": PROTOCOL_VERSION, "daemon": f"gpumemd {VERSION}",

@@ -1,5 +1,6 @@
 """The handlers of `status` and `devices`: the daemon's facts, the keeper, devices with NVML
-telemetry (docs/telemetry.md), totals, the scrub's progress and quotas."""
+telemetry and their health (docs/telemetry.md), totals, the scrub's progress and quotas; and
+`debug_gpu_event` (a GPU health incident injected, daemon/services/health.py)."""
 from __future__ import annotations
 
 import os
@@ -8,12 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gpumemctl.protocol import InternalError
 from gpumemctl.protocol.release import VERSION
 
 from ..services import nvml
 from .call import Call, Reply, own_uid_unless_privileged
 
 if TYPE_CHECKING:
+    from ..services.health import HealthMonitor
     from ..services.scrub import Scrubber
 
 
@@ -24,7 +27,7 @@ async def status(call: Call) -> Reply:
                    "uptime_s": round(time.time() - server.started, 3),
                    "backend": reports.backend_name},
         "keeper": reports.keeper_info(),
-        "devices": await devices_with_telemetry(reports),
+        "devices": await devices_with_telemetry(reports, server.health),
         "totals": reports.totals(),
         "scrub": scrub_summary(server.scrubber),
         # Per-uid limits and use (config [quotas]): all of them for root and the daemon's
@@ -33,14 +36,38 @@ async def status(call: Call) -> Reply:
         # The administrator's newest snapshot create, restore and verify
         # (daemon/verbs/refill.py).
         "snapshots": call.verbs.records.last_snapshots,
+        # Memory held per container (daemon/core/containers.py): every holder's for root
+        # and the daemon's user, one's own for anyone else.
+        "containers": reports.held_per_container(own_uid_unless_privileged(call.session)),
     }, []
 
 
 async def devices(call: Call) -> Reply:
-    return {"devices": await devices_with_telemetry(call.verbs.reports)}, []
+    return {"devices": await devices_with_telemetry(call.verbs.reports, call.server.health)}, []
 
 
-async def devices_with_telemetry(reports: Any) -> list[dict]:
+async def debug_gpu_event(call: Call) -> Reply:
+    health = call.server.health
+    if health is None:
+        raise InternalError("this gpumemd has no GPU health monitor")
+    a = call.args
+    return health.inject(call.session.cred, a["device"], a["xid"], a["ecc"], a["remap"]), []
+
+
+def with_health(devices: list[dict], health: HealthMonitor | None) -> list[dict]:
+    """Each device with its `health` (daemon/services/health.py; `ok` without a monitor)."""
+    if health is None:
+        return [{**d, "health": {"state": "ok", "cause": None, "xid": None, "at": None,
+                                 "counts": {}, "monitor": "unavailable"}} for d in devices]
+    return [{**d, "health": health.health_of(d["uuid"])} for d in devices]
+
+
+async def devices_with_telemetry(reports: Any, health: HealthMonitor | None = None
+                                 ) -> list[dict]:
+    return with_health(await _devices_with_telemetry(reports), health)
+
+
+async def _devices_with_telemetry(reports: Any) -> list[dict]:
     """The backend's devices, the bytes our allocations hold on each, and NVML telemetry.
     The NVML snapshot is taken on a worker thread: a slow driver never stalls the server.
     (`reports` is Any: tests/unit/test_nvml.py passes a stand-in with only backend_name,

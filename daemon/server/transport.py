@@ -35,6 +35,7 @@ SOCKET_MODE = 0o666
 # (SendRefused is an OSError: a connection closed for the send limits reads as gone.)
 PEER_GONE = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 PEERCRED_SIZE = struct.calcsize("3i")         # struct ucred: pid, uid, gid
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)   # Linux >= 6.5: a pidfd of the peer
 
 
 def peer_credentials(sock: trio.socket.SocketType) -> Credentials:
@@ -336,6 +337,16 @@ class Connection:
         self.sock = sock
         self.limits = limits
         self.cred = cred or peer_credentials(sock)
+
+    def peer_pidfd(self) -> int | None:
+        """A pidfd of the process that connected (SO_PEERPIDFD, Linux >= 6.5; the caller
+        closes it), or None: an older kernel, or the peer gone. It lets the daemon tell that
+        the pid it reads /proc of is still that process (daemon/core/containers.py)."""
+        try:
+            fd = self.sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError:
+            return None
+        return fd if fd >= 0 else None
 
     async def receive(self) -> tuple[dict, list[int]]:
         """The next request frame and the fds that came with it (the caller closes them).

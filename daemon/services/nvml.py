@@ -148,6 +148,13 @@ class Nvml:
         with self._lock:
             return self._init()
 
+    def library(self) -> tuple[Any, str | None]:
+        """The initialised pynvml module and None, or None and why not (the GPU health
+        watcher's, daemon/services/gpuevents.py, which calls it from its own thread)."""
+        with self._lock:
+            failure = self._init()
+            return (None, failure) if failure else (self._lib, None)
+
     def shutdown(self) -> None:
         with self._lock:
             if self._ready:

@@ -1,6 +1,7 @@
 """The verbs of checking: verify and repair by ECC (`verify`, `recover`, the scrubber's
-pieces), `check` (an fsck of registry, tree, backend and keeper: daemon/core/check.py) and fault
-injection (`debug corrupt`)."""
+pieces), `check` (an fsck of registry, tree, backend and keeper: daemon/core/check.py), fault
+injection (`debug corrupt`, `debug gpu-event`) and what GPU health needs (the allocations on
+a device, a device's allocations marked lost: daemon/services/health.py)."""
 from __future__ import annotations
 
 import os
@@ -51,16 +52,72 @@ class Checks:
             self.ns.watchers.data_changed(alloc)
         return total
 
+    def require_fault_injection(self, cred: Credentials, what: str) -> None:
+        """Fault injection is on (gpumemd --enable-fault-injection) and `cred` is root or
+        the daemon's uid; else PermissionDenied (exit 6)."""
+        if not self.fault_injection:
+            raise PermissionDenied("fault injection is off: start gpumemd with "
+                                   f"--enable-fault-injection to use `{what}`")
+        if not (cred.is_root or cred.uid == os.geteuid()):
+            raise PermissionDenied(f"permission denied: `{what}` is for root and the "
+                                   "daemon's user only")
+
+    def on_device(self, device: str) -> list[Allocation]:
+        """The allocations whose memory is on the device with UUID `device` (in id order):
+        what a GPU health incident may have hit. Lost and pending ones hold none."""
+        return sorted((a for a in self.ns.allocations()
+                       if a.device == device and not a.unlinked
+                       and a.state not in ("lost", "pending", "restoring")), key=lambda a: a.id)
+
+    def note_gpu_health(self, detail: dict, allocs: list[Allocation], named: int) -> None:
+        """One change: the `gpu_health` event everyone may see (`detail` and the count of
+        `allocs`, no names), and one per owner of `allocs` naming that owner's (their count,
+        the first `named` paths and ids): events.visible_to shows a user only their own."""
+        journal = self.ns.journal
+        owners: dict[int, list[Allocation]] = {}
+        for alloc in allocs:
+            owners.setdefault(alloc.uid, []).append(alloc)
+        with journal.change(durable=False):
+            journal.event("gpu_health", None, None, **detail, allocations=len(allocs))
+            for uid, own in sorted(owners.items()):
+                journal.event("gpu_health", None, Credentials(pid=os.getpid(), uid=uid, gid=-1),
+                              **detail, allocations=len(own),
+                              paths=[a.path for a in own[:named]],
+                              ids=[a.id for a in own[:named]])
+
+    def mark_lost(self, allocs: list[Allocation], reason: str) -> list[Allocation]:
+        """The device under `allocs` fell off the bus: its memory is gone, as after a reboot
+        or a GPU reset. In one change each becomes `lost` (its row, a `lost` event), so that
+        `snapshot restore --lost-only` (or restore_on_start) refills it; then its keeper copy
+        and its memory go. One that a client holds open (a handle, an attachment, a file on
+        the mount) is marked lost too, but its memory stays until the daemon restarts: the
+        holder's close must still find it (no new open is let in: require_memory).
+        Returns those marked."""
+        marked = [a for a in allocs if a.state not in ("lost", "pending", "restoring")
+                  and not a.unlinked]
+        if not marked:
+            return []
+        journal = self.ns.journal
+        with journal.change(durable=True):
+            for alloc in marked:
+                journal.keep(alloc, "state")
+                alloc.state = "lost"
+                self.registry.nodes.update(alloc.id, state="lost", slab=None, slot=None)
+                journal.event("lost", alloc, None, reason=reason)
+        for alloc in marked:
+            if any(h.kind != "lease" for h in alloc.holders.values()):
+                continue
+            if alloc.durable:
+                self.custody.withdraw_quietly(alloc.id)
+            self.custody.free(alloc)
+            journal.node_changed(alloc)
+        return marked
+
     def corrupt(self, path: str, cred: Credentials, offset: int, length: int,
                 pattern: bytes, parity: bool) -> dict:
         """Fault injection (gpumemd --enable-fault-injection only; root or the daemon's
         uid): overwrite bytes of the data or of the parity, without updating the parity."""
-        if not self.fault_injection:
-            raise PermissionDenied("fault injection is off: start gpumemd with "
-                                   "--enable-fault-injection to use `debug corrupt`")
-        if not (cred.is_root or cred.uid == os.geteuid()):
-            raise PermissionDenied("permission denied: `debug corrupt` is for root and the "
-                                   "daemon's user only")
+        self.require_fault_injection(cred, "debug corrupt")
         alloc = self.ns.lookup_allocation(path, cred)
         self.custody.require_memory(alloc)
         result = self.integrity.corrupt(alloc, cred, offset, length, pattern, parity)

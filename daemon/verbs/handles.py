@@ -61,8 +61,10 @@ class HandleVerbs:
         self._ending_jobs: dict[int, dict[int, ParityJob | None]] = {}
 
     # ---- sessions ---------------------------------------------------------------------------
-    def open_session(self, cred: Credentials, client: str = "") -> Session:
-        return self.holders.open_session(cred, client)
+    def open_session(self, cred: Credentials, client: str = "",
+                     pidfd: int | None = None) -> Session:
+        """`pidfd`: the peer's at connect (Connection.peer_pidfd), or None."""
+        return self.holders.open_session(cred, client, pidfd)
 
     def end_session(self, session: Session) -> Plan[None]:
         """The connection ended (closed, or its process died): release what it held, in one
@@ -133,7 +135,8 @@ class HandleVerbs:
                     if holder.id in writing:
                         self._finish(writing[holder.id])
                     if holder.kind == "attach-w" and alloc.unsealed and not alloc.unlinked:
-                        self.journal.event("unsealed", alloc, session.cred, reason="the "
+                        self.journal.event("unsealed", alloc, session.cred,
+                                           **holder.origin.detail(), reason="the "
                                            "attached writer's session ended without detach")
                 released = self.lifecycle.drop_holders(plain)
             self.lifecycle.free_released(released)
@@ -315,7 +318,7 @@ class HandleVerbs:
             self._encode_seal(alloc, job)
         with self.journal.change(durable=False, batch=True):     # the seal and the holder
             if seals:
-                self._commit_seal(alloc, session.cred, "detach")
+                self._commit_seal(alloc, session.cred, "detach", session)
             released = self.lifecycle.drop_holders([holder])
         self.lifecycle.free_released(released)
         if seals:
@@ -335,7 +338,7 @@ class HandleVerbs:
         yield ParityWork(job)
         alloc = self._sealable(path, cred, session)
         self._encode_seal(alloc, job)
-        self._commit_seal(alloc, cred, "seal")
+        self._commit_seal(alloc, cred, "seal", session)
         self.ns.watchers.data_changed(alloc)  # what the writer wrote is what readers get now
         return describe(alloc, holders=True, cred=cred)
 
@@ -353,8 +356,10 @@ class HandleVerbs:
         if alloc.unsealed:
             self.integrity.encode_sealed(alloc, job if job and job.alloc is alloc else None)
 
-    def _commit_seal(self, alloc: Allocation, cred: Credentials, reason: str) -> None:
-        """The seal recorded (in the caller's change, if it is in one)."""
+    def _commit_seal(self, alloc: Allocation, cred: Credentials, reason: str,
+                     session: Session) -> None:
+        """The seal recorded (in the caller's change, if it is in one); its event names
+        the session's container."""
         if alloc.unsealed:
             with self.journal.change(durable=alloc.durable):
                 self.journal.keep(alloc, "unsealed", "modified_ns", "changed_ns", "let_go")
@@ -362,7 +367,8 @@ class HandleVerbs:
                 _stamp_written(alloc)
                 self.registry.nodes.update(alloc.id, modified_ns=alloc.modified_ns,
                                           changed_ns=alloc.changed_ns, unsealed=SEALED)
-                self.journal.event("seal", alloc, cred, reason=reason)
+                self.journal.event("seal", alloc, cred, reason=reason,
+                                   **session.origin.detail())
 
     def revoke_readers(self, alloc: Allocation, cred: Credentials, session: Session
                        ) -> list[dict]:

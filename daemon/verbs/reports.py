@@ -56,6 +56,10 @@ class Reports:
     def totals(self) -> dict:
         return self.ns.reports.totals(sessions=len(self.holders.sessions))
 
+    def held_per_container(self, uid: int | None = None) -> list[dict]:
+        """Memory held per container (Holders.held_per_container; `uid`: only its holders)."""
+        return self.holders.held_per_container(uid)
+
     def quota_report(self, uid: int | None = None) -> list[dict]:
         """Each per-uid limit with its use (only `uid`'s, when given)."""
         return self.quotas.report(uid)

@@ -26,7 +26,7 @@ def status(json_: bool = False):
     if want_json(json_):
         output.emit_json(s)
         return
-    from ..formats import plain, telemetry_summary
+    from ..formats import health_summary, plain, telemetry_summary
     d, k, t = s["daemon"], s["keeper"], s["totals"]
     output.data(f"daemon:   gpumemd {d['version']} pid {d['pid']}, backend {d['backend']}, "
                 f"up {d['uptime_s']:.0f}s, socket {d['socket']}")
@@ -40,6 +40,7 @@ def status(json_: bool = False):
         output.data(f"device {dev['index']}: {dev['name']} {dev['uuid']}: "
                     f"{format_size(dev['ours'])} ours, {format_size(dev['free'])} free of "
                     f"{format_size(dev['total'])}; {telemetry_summary(dev)}")
+        output.data(f"  {health_summary(dev)}")
         slabs = dev.get("slabs") or {}
         if slabs.get("count"):
             output.data(f"  slabs: {slabs['count']} holding {slabs['objects']} small "
@@ -85,6 +86,7 @@ def devices(json_: bool = False):
     """Devices of the daemon's backend with NVML telemetry (n/a: NVML cannot say).
 
     UNCORR: uncorrected ECC errors, volatile/aggregate. REMAP: remapped rows pending/failure.
+    HEALTH: ok, degraded or lost, and the last cause (docs/telemetry.md, "GPU health").
 
     --json prints every field (docs/telemetry.md)."""
     with connect() as c:
@@ -97,9 +99,9 @@ def devices(json_: bool = False):
                    format_size(d["ours"]), formats.na(d.get("utilization_gpu"), "{}%"),
                    formats.na(d.get("temperature_c"), "{}C"), formats.power(d),
                    formats.ecc_mode(d), formats.uncorrected(d), formats.remapped(d),
-                   formats.pcie(d)] for d in devs],
+                   formats.pcie(d), formats.health(d)] for d in devs],
                  ["INDEX", "NAME", "UUID", "MEMORY", "OURS", "UTIL", "TEMP", "POWER", "ECC",
-                  "UNCORR", "REMAP", "PCIE"], right={3, 4, 5, 6, 7})
+                  "UNCORR", "REMAP", "PCIE", "HEALTH"], right={3, 4, 5, 6, 7})
     for d in devs:
         if d.get("telemetry") != "nvml":
             output.note(f"device {d['index']}: telemetry {d.get('telemetry') or 'unavailable'}")

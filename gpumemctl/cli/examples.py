@@ -49,6 +49,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "meta set": ("gpumemctl meta set models/llama revision 3f2a9c",),
     "meta rm": ("gpumemctl meta rm models/llama revision",),
     "debug corrupt": ("gpumemctl debug corrupt kv/0 --offset 4096 --length 64",),
+    "debug gpu-event": ("gpumemctl debug gpu-event --device 0 --ecc double",
+                        "gpumemctl debug gpu-event --device 0 --xid 79"),
 }
 
 

@@ -11,7 +11,7 @@ from .. import formats, output
 from ..protocol import InternalError, format_size, parse_size
 from ..protocol.defaults import CORRUPT_PATTERN
 from ..protocol.errors import INVALID_STATE, OK, REPAIRED, UNCORRECTABLE
-from .context import connect, parse_offset, want_json
+from .context import CommandLineError, connect, parse_offset, want_json
 from .declare import JSON, NAME, OFFSET, Arg, Group, Opt
 
 TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
@@ -303,3 +303,39 @@ def debug_corrupt(name: str, offset: str = "0", length: str = "1", parity: bool 
     else:
         output.data(f"corrupted {result['length']} byte(s) of '{result['path']}' at "
                     f"{result['offset']}" + (" (parity region)" if parity else ""))
+
+
+@debug.command(
+    "gpu-event",
+    device=Opt("--device", help="The device's index (`gpumemctl devices`; the host backend's "
+                                "is 0)."),
+    xid=Opt("--xid", help="An XID error with this code (79: the GPU fell off the bus; "
+                          "48, 63, 64, 74, 92-95 critical; others only recorded)."),
+    ecc=Opt("--ecc", help="An ECC error: double (a double-bit, uncorrectable error)."),
+    remap=Opt("--remap", help="A row remap (page retirement) pending."),
+    json_=JSON)
+def debug_gpu_event(device: str = "0", xid: str | None = None, ecc: str | None = None,
+                    remap: bool = False, json_: bool = False):
+    """Inject a GPU health event, as if NVML reported it: the device's health, a gpu_health
+    event, a verify of its allocations, or (XID 79) its allocations lost (refused unless
+    gpumemd runs with --enable-fault-injection; root or the daemon's user only)."""
+    with connect() as c:
+        result = c.debug_gpu_event(_number(device, "--device"),
+                                   xid=None if xid is None else _number(xid, "--xid"),
+                                   ecc=ecc, remap=remap)
+    if want_json(json_):
+        output.emit_json(result)
+        return
+    what = f"xid {result['xid']}" if result["xid"] is not None else result["cause"]
+    done = f"{result['lost']} marked lost" if result["lost"] else \
+        f"{result['verifying']} being verified"
+    output.data(f"device {result['index']}: {what}: health {result['state']}; "
+                f"{result['allocations']} allocation(s) on it, {done}")
+
+
+def _number(text: str, option: str) -> int:
+    try:
+        return int(text, 10)
+    except ValueError:
+        raise CommandLineError(f"invalid {option} {text!r}: a number",
+                               "debug gpu-event") from None

@@ -260,13 +260,20 @@ def info(name: str, json_: bool = False):
         output.data(f"{key:18} {_info_value(key, value)}")
 
 
+def _holder(h) -> str:
+    """`read (pid 42, uid 1000 (ann), docker 1a2b3c4d5e6f)`: its container where known."""
+    from ..formats import container_name
+    where = container_name(h.get("container"))
+    return f"{h['kind']} (pid {h['pid']}, {_uid(h['uid'])}" + \
+        (f", {where})" if where else ")")
+
+
 def _info_value(key: str, value) -> str:
     from ..formats import byte_ranges, metadata_sizes, plain
     if key == "names":
         return ", ".join(value)
     if key == "holders":
-        return ", ".join(f"{h['kind']} (pid {h['pid']}, {_uid(h['uid'])})"
-                         for h in value) or "none"
+        return ", ".join(_holder(h) for h in value) or "none"
     if key in ("uid", "gid") and isinstance(value, int):
         from ..protocol.owners import group_name, user_name
         name = (user_name if key == "uid" else group_name)(value)

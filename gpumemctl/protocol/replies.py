@@ -15,14 +15,36 @@ HolderKind = Literal["lease", "read", "write", "attach-r", "attach-w"]
 SpecialType = Literal["fifo", "socket", "char-device", "block-device"]
 
 
+class Container(TypedDict):
+    """The container a holder's process ran in, from its cgroup path (docs/operations.md,
+    "Containers"): `runtime` docker, containerd, cri-o, podman, cri (a Kubernetes container
+    whose runtime the path does not name) or kubernetes (a pod's own cgroup, `id` null);
+    `pod` the Kubernetes pod UID, or null."""
+    runtime: str
+    id: str | None
+    pod: str | None
+
+
 class Holder(TypedDict):
-    """Something keeping an allocation alive: a lease, a handle, an attachment."""
+    """Something keeping an allocation alive: a lease, a handle, an attachment. `cgroup`
+    (null: unknown) and `container` (null: none) were read once when it was made."""
     id: int
     kind: HolderKind
     pid: int
     uid: int
     session: int
     since_ns: int
+    cgroup: str | None
+    container: Container | None
+
+
+class ContainerHeld(TypedDict):
+    """`status`'s `containers`: memory held per container ("" where unknown)."""
+    runtime: str
+    id: str
+    pod: str
+    held_bytes: int
+    holders: int
 
 
 class NodeCommon(TypedDict):
@@ -179,6 +201,34 @@ class Device(TypedDict):
     pcie_gen_max: int | None
     pcie_width_max: int | None
     telemetry_at: float | None
+    health: DeviceHealth            # what NVML reported of it (issue 28, docs/telemetry.md)
+
+
+class DeviceHealth(TypedDict):
+    """A device's health (daemon/services/health.py): `state` ok, degraded or lost; the
+    last critical incident's `cause` (xid, ecc_double, remap_pending), `xid` and `at` (Unix
+    time); `counts` of incidents per cause; `monitor`: how it is watched."""
+    state: str
+    cause: str | None
+    xid: int | None
+    at: float | None
+    counts: dict[str, int]
+    monitor: str
+
+
+class GpuEvent(TypedDict):
+    """`debug_gpu_event`'s answer: the incident, the device's state after it, and what was
+    done: allocations on the device, how many were marked lost or queued for a verify."""
+    action: str
+    device: str
+    index: int | None
+    cause: str
+    xid: int | None
+    state: str
+    injected: bool
+    allocations: int
+    lost: int
+    verifying: int
 
 
 class Totals(TypedDict):
@@ -278,6 +328,8 @@ class Status(TypedDict):
     scrub: ScrubSummary
     quotas: list[Quota]
     snapshots: dict[str, dict]      # action -> the administrator's newest snapshot_report
+    containers: list[ContainerHeld]  # memory held per container (the caller's own holders
+                                     # but for root and the daemon's user)
 
 
 # ---- events ------------------------------------------------------------------------------------

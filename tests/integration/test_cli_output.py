@@ -113,6 +113,7 @@ HUMAN_RUNS = [
     ("debug", "corrupt", "models/bad", "--offset", "0", "--length", str(BLOCK),
      "--pattern", "5a"),
     ("debug", "corrupt", "models/fixable", "--offset", "100", "--length", "10"),
+    ("debug", "gpu-event", "--device", "0", "--remap"), ("devices",), ("status",),
     ("verify", "models/fixable"), ("info", "models/fixable"), ("verify", "--all", "--repair"),
     ("info", "models/bad"), ("info", "models"), ("recover", "models/bad"),
     ("scrub", "start", "--wait"), ("scrub", "status"), ("scrub",), ("scrub", "stop"),

@@ -16,7 +16,8 @@ NO_DRIVER = not os.path.exists("/proc/driver/nvidia/version")
 EXIT = {"ok": 0, "warn": 1, "fail": 10}
 TELEMETRY_KEYS = set(nvml.EMPTY_TELEMETRY) | {"telemetry"}
 BACKEND_KEYS = {"index", "uuid", "name", "total", "free", "granularity", "backend", "ours",
-                "slabs", "parity_arenas"}   # issue 26 (docs/storage.md)
+                "slabs", "parity_arenas",   # issue 26 (docs/storage.md)
+                "health"}                   # issue 28 (docs/telemetry.md, "GPU health")
 
 
 def doctor_json(daemon, *args):
@@ -122,7 +123,7 @@ def test_status_json_carries_the_same_device_objects(daemon):
 def test_devices_and_status_text_show_n_a(daemon):
     out = daemon.cli("devices", check=True).stdout.decode().splitlines()
     assert out[0].split() == ["INDEX", "NAME", "UUID", "MEMORY", "OURS", "UTIL", "TEMP",
-                              "POWER", "ECC", "UNCORR", "REMAP", "PCIE"]
+                              "POWER", "ECC", "UNCORR", "REMAP", "PCIE", "HEALTH"]
     assert out[1].startswith("0") and out[1].count("n/a") == 7
     status = daemon.cli("status", check=True).stdout.decode()
     assert "telemetry unavailable: the host backend has no GPU" in status

@@ -32,6 +32,7 @@ GOOD_ARGS: dict[str, dict] = {
     "subscribe": {}, "verify": {}, "recover": {"path": "a"}, "check": {}, "scrub": {},
     "compact": {"dry_run": True},
     "debug_corrupt": {"path": "a", "offset": 0, "length": 1},
+    "debug_gpu_event": {"device": 0, "xid": 13},
     "symlink": {"path": "link", "target": "a"}, "readlink": {"path": "link"},
     "link": {"path": "b", "target": "a"},
     "refill": {"path": "r", "size": 4096}, "changes": {"handle": 1},

@@ -31,3 +31,16 @@ def test_nvml_fields_where_present():
     assert not any(name == "gpumemd_device_pcie_link_generation" for name, _ in got)  # None
     info = next(k for k in got if k[0] == "gpumemd_info")
     assert dict(info[1])["version"] == 'x"y\\z\n'             # escaped, then read back
+
+
+def test_memory_held_per_container():
+    """status's `containers`: one sample per container, its labels escaped as any."""
+    got = samples({"containers": [
+        {"runtime": "docker", "id": "ab" * 32, "pod": "", "held_bytes": 6 << 20, "holders": 2},
+        {"runtime": "cri", "id": "cd" * 32, "pod": "p-1", "held_bytes": 0, "holders": 1}]})
+    docker = (("container", "ab" * 32), ("pod", ""), ("runtime", "docker"))
+    cri = (("container", "cd" * 32), ("pod", "p-1"), ("runtime", "cri"))
+    assert got[("gpumemd_container_held_bytes", docker)] == 6 << 20
+    assert got[("gpumemd_container_held_bytes", cri)] == 0
+    assert got[("gpumemd_container_holders", docker)] == 2
+    assert not any(k[0].startswith("gpumemd_container") for k in samples({}))

@@ -8,13 +8,20 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from gpumemctl.formats import byte_ranges, metadata_sizes, plain
+from gpumemctl.formats import byte_ranges, container_name, metadata_sizes, plain
 from gpumemctl.protocol import format_size
 from gpumemctl.protocol.escape import escape
 
 # Shown first, in this order; the rest follow sorted, as `info` prints them.
 FIRST = ("path", "type", "target", "state", "size", "capacity", "device", "durable", "ecc",
          "verified", "snapshot", "snapshot_time", "holders", "refcount", "damaged")
+
+
+def _holder(h: Mapping[str, Any]) -> str:
+    """`attach-r pid 42 uid 1000`, and `in docker 1a2b3c4d5e6f` where its container is
+    known (escaped with the rest of the line)."""
+    where = container_name(h.get("container"))
+    return f"{h['kind']} pid {h['pid']} uid {h['uid']}" + (f" in {where}" if where else "")
 
 
 def info_lines(info: Mapping[str, Any]) -> Text:
@@ -24,8 +31,7 @@ def info_lines(info: Mapping[str, Any]) -> Text:
     for key in keys:
         value = info[key]
         if key == "holders":
-            value = ", ".join(f"{h['kind']} pid {h['pid']} uid {h['uid']}" for h in value) \
-                or "none"
+            value = ", ".join(_holder(h) for h in value) or "none"
         elif key in ("size", "capacity") and value is not None:
             value = f"{format_size(value)} ({value})"
         elif key == "damaged":

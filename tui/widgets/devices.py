@@ -1,6 +1,7 @@
 """The devices panel: per GPU, a memory bar split into our allocations, other users and
 free memory (and the slabs' use and slack, and the parity arenas' use, where there are
-any), then utilisation, temperature, power, ECC counters and remapped rows."""
+any), then its health where it is not ok (docs/telemetry.md, "GPU health"), utilisation,
+temperature, power, ECC counters and remapped rows."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -59,6 +60,20 @@ def telemetry(d: Device) -> Text:
     return text
 
 
+def health(d: Device) -> Text:
+    """Nothing while the device is ok; else `LOST (xid 79)` or `DEGRADED (ecc_double)`,
+    standing out, first on its telemetry line (the monitor's 80 columns keep it)."""
+    h = d.get("health") or {}
+    state = h.get("state")
+    if not state or state == "ok":
+        return Text("")
+    cause = h.get("cause") or ""
+    if cause == "xid" and h.get("xid") is not None:
+        cause = f"xid {h['xid']}"
+    return Text(f"{state.upper()}" + (f" ({cause})" if cause else "") + "  ",
+                style="bold red" if state == "lost" else "bold yellow")
+
+
 def device_line(d: Device) -> Text:
     """Two lines: memory, then telemetry; cut (not wrapped) to the panel's width."""
     total, ours, others, free = memory_split(d)
@@ -67,6 +82,7 @@ def device_line(d: Device) -> Text:
     line.append(f" ours {format_size(ours)}  other {format_size(others)}  "
                 f"free {format_size(free)} of {format_size(total)}  {slab_use(d)}"
                 f"{d['name']}\n  ")
+    line.append_text(health(d))
     line.append_text(telemetry(d))
     return line
 
@@ -93,6 +109,7 @@ def compact_line(d: Device) -> Text:
     line = Text(f"{d['index']} ", style="bold", no_wrap=True, overflow="ellipsis")
     line.append_text(bar(total, ours, others, width=16))
     line.append(f" ours {format_size(ours)} free {format_size(free)}/{format_size(total)} ")
+    line.append_text(health(d))
     if d.get("telemetry") == "nvml":
         line.append(f"{_na(d['utilization_gpu'], '{}%')} {_na(d['temperature_c'], '{}°C')} "
                     f"{_na(d['power_w'], '{:.0f}W')} ")

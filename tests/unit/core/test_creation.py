@@ -3,9 +3,12 @@ backend and the keeper double), integrity, holders, quotas and metadata bounds: 
 allocation's checks, then memory, deposit and commit; a failure anywhere leaves nothing."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from daemon.core import usermeta
+from daemon.core.containers import Origin
 from daemon.core.creation import Creation, NewAllocation, Request
 from daemon.core.nodes import Allocation, Directory
 from daemon.core.permissions import administrative_uid
@@ -131,6 +134,17 @@ def test_a_leased_allocation_is_held_by_its_session(holders, creation):
     a = create(creation, "a", ALICE, lease=True, session=session)
     assert a.leased and [h.kind for h in a.holders.values()] == ["lease"]
     assert list(session.holders.values()) == list(a.holders.values())
+
+
+def test_a_create_names_its_sessions_container(registry, holders, creation):
+    """The event of a create names the container of the session that made it."""
+    session = holders.open_session(ALICE)
+    session.origin = Origin("/docker/" + "e" * 64,
+                            {"runtime": "docker", "id": "e" * 64, "pod": None})
+    a = create(creation, "a", ALICE, lease=True, session=session)
+    [event] = events(registry, "create")
+    assert json.loads(event["detail"])["container"] == "e" * 64
+    assert a.holders[next(iter(a.holders))].origin is session.origin
 
 
 @pytest.mark.parametrize("durable", [False, True])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
+from daemon.core.containers import Origin
 from daemon.core.describe import damaged_ranges, describe, iso, shown_path, visible_names
 from daemon.core.nodes import Allocation, Directory, Holder, Special, Symlink
 from daemon.core.sessions import Session
@@ -31,8 +32,9 @@ def test_an_allocation_described():
             snapshot="store/s1", snapshot_ns=10**18, verified_ns=None)
     a.metadata = {b"k": b"\xff"}
     session = Session(cred=ALICE)
+    docker = {"runtime": "docker", "id": "f" * 64, "pod": None}
     a.holders[7] = Holder(id=7, kind="read", session=session, alloc=a, pid=42, uid=1000,
-                          since_ns=5)
+                          since_ns=5, origin=Origin(f"/docker/{'f' * 64}", docker))
     info = describe(a, holders=True, metadata=True)
     assert info["type"] == "allocation" and info["path"] == "a" and info["mode"] == "0640"
     assert (info["size"], info["capacity"], info["device"]) == (3, 2 * MiB, "D")
@@ -42,7 +44,8 @@ def test_an_allocation_described():
     assert info["snapshot"] == "store/s1" and info["snapshot_time"] == iso(10**18)
     assert info["verified"] is None
     assert info["holders"] == [{"id": 7, "kind": "read", "pid": 42, "uid": 1000,
-                                "session": session.id, "since_ns": 5}]
+                                "session": session.id, "since_ns": 5,
+                                "cgroup": f"/docker/{'f' * 64}", "container": docker}]
     assert info["metadata"] == {"k": "\udcff"} and info["names"] == ["a"]
     assert info["created"] == "2001-09-09T01:46:40.000000Z"
     listed = describe(a)

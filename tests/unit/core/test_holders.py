@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from daemon.core import containers
+from daemon.core.containers import Origin
 from daemon.core.holders import Holders
 from daemon.core.nodes import Allocation, Holder
+from daemon.core.permissions import Credentials
 from daemon.core.sessions import Session
 from gpumemctl.protocol import Busy, NoMemory, NotFound
 
@@ -132,3 +135,52 @@ def test_a_session_ends_with_what_it_held_for_its_caller_to_release(holders):
     assert holders.unlinked_held() == []        # no session holds it any more
     holders.drop_all(a)
     assert a.holders == {}
+
+
+ID = "ab" * 32
+DOCKER = Origin(f"/system.slice/docker-{ID}.scope", {"runtime": "docker", "id": ID, "pod": None})
+
+
+def test_a_sessions_cgroup_is_read_once_at_its_opening(holders, monkeypatch):
+    """Read at open_session, by the peer's pid (and its pidfd); every holder of the session
+    carries it with no read of its own: a pid may be another process's later."""
+    reads = []
+    monkeypatch.setattr(containers, "read",
+                        lambda pid, pidfd=None: reads.append((pid, pidfd)) or DOCKER)
+    session = holders.open_session(ALICE, "c", pidfd=99)
+    assert session.origin is DOCKER and reads == [(ALICE.pid, 99)]
+    a = alloc()
+    h = holders.add(a, session, "read")
+    assert h.origin is DOCKER and reads == [(ALICE.pid, 99)]
+    assert h.to_dict()["container"] == DOCKER.container
+    assert h.to_dict()["cgroup"] == DOCKER.cgroup
+
+
+def test_a_holder_of_another_pid_reads_its_own(holders, monkeypatch):
+    """A file open on the mount: the daemon's session, the caller's pid, read then."""
+    other = Origin("/user.slice", None)
+    monkeypatch.setattr(containers, "read",
+                        lambda pid, pidfd=None: DOCKER if pid == 4242 else other)
+    session = holders.open_session(ROOT)
+    caller = Credentials(pid=4242, uid=1000, gid=1000)
+    h = holders.add(alloc(), session, "mount-r", caller)
+    assert h.origin is DOCKER and session.origin is other
+
+
+def test_memory_held_per_container(holders, monkeypatch):
+    """Each allocation counted once per container that holds it, whatever its holders
+    there; a holder in no container counts in none; `uid` limits it to one user's."""
+    pod = Origin("/kubepods/pod1", {"runtime": "cri", "id": "cd" * 32, "pod": "p"})
+    origins = iter([DOCKER, DOCKER, pod, Origin("/", None)])
+    monkeypatch.setattr(containers, "read", lambda pid, pidfd=None: next(origins))
+    s1, s2, s3, s4 = (holders.open_session(c) for c in (ALICE, ALICE, BOB, ALICE))
+    a, b = alloc(2, "a"), alloc(3, "b")
+    a.capacity, b.capacity = 4096, 8192
+    for s, x, kind in ((s1, a, "read"), (s2, a, "read"), (s2, b, "lease"), (s3, a, "read"),
+                       (s4, b, "lease")):
+        holders.add(x, s, kind)
+    assert holders.held_per_container() == [
+        {"runtime": "cri", "id": "cd" * 32, "pod": "p", "held_bytes": 4096, "holders": 1},
+        {"runtime": "docker", "id": ID, "pod": "", "held_bytes": 4096 + 8192, "holders": 3}]
+    assert [c["id"] for c in holders.held_per_container(BOB.uid)] == ["cd" * 32]
+    assert holders.held_per_container(4321) == []

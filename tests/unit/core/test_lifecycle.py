@@ -4,8 +4,11 @@ last holder, a leased allocation released with its last holder, durability chang
 crash-safe order."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from daemon.core.containers import Origin
 from daemon.core.lifecycle import Lifecycle
 from gpumemctl.protocol import InvalidState, NoMemory, PermissionDenied
 from tests.sizes import MiB, with_parity
@@ -72,6 +75,17 @@ def test_a_leased_allocation_goes_with_its_last_holder(registry, ns, backend, ho
     assert a.unlinked and backend.used == 0
     [event] = events(registry, "release")
     assert "last holder" in event["detail"]
+    assert "container" not in event["detail"]      # its holders ran in no container
+
+
+def test_a_release_names_the_last_holders_container(registry, holders, lifecycle, make):
+    a = make(leased=True)
+    session = holders.open_session(ALICE)
+    session.origin = Origin("/docker/" + "e" * 64,
+                            {"runtime": "docker", "id": "e" * 64, "pod": None})
+    lifecycle.remove_holder(holders.add(a, session, "lease"))
+    [event] = events(registry, "release")
+    assert json.loads(event["detail"])["container"] == "e" * 64
 
 
 def test_an_allocation_made_durable_is_deposited_then_committed(registry, kept, holders,

@@ -102,7 +102,8 @@ def test_refcount_is_holders_and_the_durable_pin(root):
     assert a.refcount == 4
     assert [h.id for h in a.holders_of("read")] == [1, 2]
     assert a.holders[3].to_dict() == {"id": 3, "kind": "lease", "pid": 1, "uid": 0,
-                                      "session": session.id, "since_ns": 0}
+                                      "session": session.id, "since_ns": 0,
+                                      "cgroup": None, "container": None}
 
 
 def test_walks_go_deeper_than_the_recursion_limit(root):
