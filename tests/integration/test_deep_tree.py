@@ -24,8 +24,9 @@ def test_a_1500_deep_chain_lists_verifies_and_removes(daemon):
     verified = daemon.cli("verify", "--all")
     assert verified.returncode == 0, verified.stderr
 
-    marked = daemon.cli("durable", "d")                  # a directory: a usage error, not 70
-    assert marked.returncode == 2, marked.stderr
+    marked = daemon.cli("durable", "d")     # a directory: its durable default (issue 27)
+    assert marked.returncode == 0, marked.stderr
+    assert daemon.cli_json("info", "d")["durable"] is True
     daemon.cli("transient", chain + "/leaf", check=True)
     daemon.cli("rm", "-r", "d", check=True)
     assert daemon.cli_json("ls") == []

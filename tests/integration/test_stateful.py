@@ -12,8 +12,9 @@ follows daemon/verbs/ exactly:
   directory"); `create` of an existing allocation or directory name is `Exists`.
 - `rm` of a missing name (or of a name under an allocation) is `NotFound`; `rm` of a directory
   without `recursive` is a `UsageError` (exit 2); `rm -r` removes the subtree.
-- `durable` / `transient` / `open` of a directory are `UsageError`; of a missing name
-  `NotFound`. Marking with the flag it already has is a no-op.
+- `open` of a directory is a `UsageError`; `durable` / `transient` of a directory set its
+  durable default (issue 27), which allocations and directories created in it from then on
+  take; of a missing name `NotFound`. Marking with the flag it already has is a no-op.
 - After ANY restart of the daemon (kill -9 or SIGTERM) transient allocations are gone and
   durable ones keep their exact bytes; bytes never written read as zero. Directories persist.
 
@@ -58,6 +59,7 @@ class AllocationLifecycle(RuleBasedStateMachine):
         # model
         self.allocs: dict[str, dict] = {}   # path -> {"size", "durable", "data": bytearray}
         self.dirs: set[str] = set()
+        self.dir_durable: dict[str, bool] = {}     # a directory's durable default
         # Restarts cost a daemon start (~0.25 s) each; a budget per example keeps the run
         # short without starving the other rules (Hypothesis' mutator likes to repeat them).
         self.restarts_left = MAX_RESTARTS
@@ -138,11 +140,20 @@ class AllocationLifecycle(RuleBasedStateMachine):
             error = Exists
         info = self._expect(error, self.client.create, path, size, durable=durable)
         if error is None:
+            for prefix in _prefixes(path):       # a directory made takes its parent's default
+                if prefix not in self.dirs:
+                    self.dirs.add(prefix)
+                    self.dir_durable[prefix] = self._default_of(prefix)
+            durable = durable or self._default_of(path)
             assert info["path"] == path and info["size"] == size
             assert info["durable"] is durable and info["state"] == "ready"
             assert info["capacity"] >= size and info["capacity"] % (2 * MiB) == 0
-            self.dirs.update(_prefixes(path))
             self.allocs[path] = {"size": size, "durable": durable, "data": bytearray(size)}
+
+    def _default_of(self, path: str) -> bool:
+        """The durable default of the directory `path` is made in (the top's: none)."""
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        return self.dir_durable.get(parent, False)
 
     @precondition(lambda self: self.allocs)
     @rule(data=st.data(), chunk=st.binary(min_size=1, max_size=64),
@@ -169,11 +180,14 @@ class AllocationLifecycle(RuleBasedStateMachine):
 
     @rule(path=st.sampled_from(NAMES), durable=st.booleans())
     def set_durable(self, path, durable):
-        error = self._alloc_error(path)
+        error = self._lookup_error(path)
         info = self._expect(error, self.client.set_durable, path, durable)
         if error is None:
             assert info["durable"] is durable
-            self.allocs[path]["durable"] = durable
+            if path in self.dirs:
+                self.dir_durable[path] = durable
+            else:
+                self.allocs[path]["durable"] = durable
 
     @rule(path=st.sampled_from(NAMES), recursive=st.booleans())
     def rm(self, path, recursive):
@@ -188,6 +202,7 @@ class AllocationLifecycle(RuleBasedStateMachine):
             for p in gone:
                 self.allocs.pop(p, None)
                 self.dirs.discard(p)
+                self.dir_durable.pop(p, None)
 
     @precondition(lambda self: self.restarts_left > 0)
     @rule()

@@ -297,7 +297,8 @@ def test_dash_is_stdout_and_makes_no_file(daemon):
                                                        "-"],
                           capture_output=True, env=child_env(), cwd=work, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == raw and proc.stderr == b""
+    assert proc.stdout == raw                    # the file's bytes alone: data on stdout
+    assert proc.stderr.decode().startswith("saved m to ")   # the summary on stderr (issue 27)
     assert os.listdir(work) == []
     assert daemon.cli("save", "m", "-", "--json").returncode == USAGE
     attackers_model(daemon, base)
