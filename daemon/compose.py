@@ -24,6 +24,7 @@ from .core.quotas import Quotas
 from .core.refills import Refills
 from .core.sizing import Sizing
 from .core.slabs import Slabs
+from .core.sleep import Sleep
 from .registry import Registry
 from .verbs import Verbs
 from .verbs.checks import Checks
@@ -39,6 +40,7 @@ from .verbs.queries import Queries
 from .verbs.refill import RefillVerbs, SnapshotRecords
 from .verbs.reports import Reports
 from .verbs.service import ServiceVerbs
+from .verbs.sleep import SleepVerbs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Core:
     creation: Creation
     refills: Refills
     compactor: Compaction         # slabs compacted (docs/storage.md)
+    sleep: Sleep                  # sleep and wake (docs/engines.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,15 +110,16 @@ def build_core(registry: Registry, backend: Backend, keeper: Any, config: Config
     bounds = usermeta.Bounds(config.metadata_max_bytes, config.metadata_user_max_bytes,
                              used=ns.metadata.used, exempt=administrative_uid)
     lifecycle = Lifecycle(registry, journal, ns, custody, integrity, holders)
+    sleep = Sleep(registry, journal, backend, custody, integrity)
     return Core(
         registry, backend, keeper, journal, ns, integrity, custody,
-        Adoption(registry, journal, backend, keeper, ns, integrity.parity, custody),
+        Adoption(registry, journal, backend, keeper, ns, integrity.parity, custody, sleep),
         holders, quotas, bounds, lifecycle,
         Sizing(registry, journal, ns, backend, custody, integrity, holders, quotas),
         Creation(journal, ns, backend, custody, integrity, holders, quotas, bounds,
                  config.default_ecc),
         Refills(registry, journal, ns, custody, integrity, lifecycle),
-        Compaction(registry, journal, backend, custody))
+        Compaction(registry, journal, backend, custody), sleep)
 
 
 def build_verbs(c: Core, config: Config) -> Verbs:
@@ -143,7 +147,8 @@ def build_verbs(c: Core, config: Config) -> Verbs:
         service=ServiceVerbs(c.registry, c.journal, c.ns, c.custody, c.adoption, c.integrity,
                              c.keeper),
         compaction=CompactionVerbs(c.compactor, c.journal,
-                                   min_slack=config.compact_min_slack))
+                                   min_slack=config.compact_min_slack),
+        sleep=SleepVerbs(c.ns, c.backend, c.custody, c.holders, c.sizing, c.sleep))
 
 
 def start(verbs: Verbs, orphans: str = "refuse") -> dict:

@@ -5,7 +5,7 @@ reader on the cuda backend: docs/security.md). An OSError of the local file come
 that file's name, so that the CLI's one line can say which (docs/cli.md, "Local files")."""
 from __future__ import annotations
 
-from .protocol import PermissionDenied, UsageError, out_of_range
+from .protocol import InvalidState, PermissionDenied, UsageError, out_of_range
 from .protocol.defaults import READ_COPY_BYTES
 
 TYPE_CHECKING = False               # typing is not imported at run time (the CLI's start-up)
@@ -23,7 +23,7 @@ def read_to(client: Client, path: str, out: BinaryIO, offset: int = 0,
     """Client.read_to."""
     try:
         h = client.open(path, "r")
-    except PermissionDenied as exc:
+    except (PermissionDenied, InvalidState) as exc:    # no fd for this reader, or asleep
         if not exc.details.get("by_copy"):
             raise
         return _copy_to(client, path, out, offset, length, progress)

@@ -182,6 +182,24 @@ class Backend(abc.ABC, Generic[BufferT]):
             n = min(COPY_CHUNK, length - offset)
             self.write(dst, dst_offset + offset, self.read(src, src_offset + offset, n))
 
+    # ---- the host tier of an asleep allocation (daemon/core/sleep.py) -----------------------
+    def to_host(self, buf: BufferT, length: int, view: memoryview, addr: int) -> None:
+        """Copy the first `length` bytes of `buf` into host memory (`view`, at address
+        `addr`); this default goes through read() in COPY_CHUNK pieces."""
+        for offset in range(0, length, COPY_CHUNK):
+            n = min(COPY_CHUNK, length - offset)
+            view[offset:offset + n] = self.view(buf, offset, n)
+
+    def from_host(self, buf: BufferT, length: int, view: memoryview, addr: int) -> None:
+        """Copy `length` bytes of host memory (`view`, at `addr`) to the start of `buf`."""
+        for offset in range(0, length, COPY_CHUNK):
+            self.write(buf, offset, view[offset:offset + min(COPY_CHUNK, length - offset)])
+
+    def host_register(self, addr: int, size: int):
+        """Page-lock host memory for this backend's copies; returns what undoes it. Only
+        the cuda backend has anything to do (HostTier.register)."""
+        return lambda: None
+
     # ---- ECC: the codec runs where the memory is (daemon/core/parity.py) --------------------
     def ecc(self, op: str, data: BufferT, parity: BufferT, first: int, count: int,
             total: int, parity_offset: int = 0):

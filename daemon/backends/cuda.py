@@ -361,6 +361,21 @@ class CudaBackend(Backend[CudaBuffer]):
                                     self._mapping(src).ptr + src_offset, length)
                 cudadrv.ctx_synchronize()
 
+    def to_host(self, buf: CudaBuffer, length: int, view: memoryview, addr: int) -> None:
+        """One device-to-host copy of the whole length: DMA at the pinned rate when the host
+        tier is registered (HostTier.register), the driver's staged copy otherwise."""
+        if length:
+            with cudadrv.context(buf.index):
+                cudadrv.memcpy_dtoh(addr, self._mapping(buf).ptr, length)
+
+    def from_host(self, buf: CudaBuffer, length: int, view: memoryview, addr: int) -> None:
+        if length:
+            with cudadrv.context(buf.index):
+                cudadrv.memcpy_htod(self._mapping(buf).ptr, addr, length)
+
+    def host_register(self, addr: int, size: int):
+        return cudadrv.host_register(addr, size)
+
     def ecc(self, op: str, data: CudaBuffer, parity: CudaBuffer, first: int, count: int,
             total: int, parity_offset: int = 0):
         """The CUDA codec (daemon/ecc/gpu.py: NVRTC-compiled kernels, cached on disk) on

@@ -143,6 +143,20 @@ class PackedBackend(Backend):
         self.raw.copy(_memory(src), _memory(dst), length, _base(src) + src_offset,
                       _base(dst) + dst_offset)
 
+    def to_host(self, buf, length: int, view: memoryview, addr: int) -> None:
+        """A slot by the pieces of Backend.to_host (small); memory of its own at the
+        backend's own rate."""
+        if isinstance(buf, Slot):
+            Backend.to_host(self, buf, length, view, addr)
+        else:
+            self.raw.to_host(buf, length, view, addr)
+
+    def from_host(self, buf, length: int, view: memoryview, addr: int) -> None:
+        if isinstance(buf, Slot):
+            Backend.from_host(self, buf, length, view, addr)
+        else:
+            self.raw.from_host(buf, length, view, addr)
+
     def resize_in_place(self, buf, capacity: int) -> None:
         if isinstance(buf, Slot):
             raise InternalError("a slot cannot be resized in place")

@@ -32,6 +32,7 @@ from .orphans import POLICIES, OrphansHeld, capacity_of, classify, entry_name, h
 from .parity import Parity
 from .permissions import DAEMON, Credentials
 from .slabs import SLAB_KEY_BASE, is_slab_key
+from .sleep import Sleep
 
 # Allocations in slabs adopted at a start past which the `adopt` events are one per slab.
 ADOPT_EVENTS_PER_OBJECT = 10_000
@@ -44,7 +45,7 @@ class Adoption:
     docstring); built once, beside custody, and used by ServiceVerbs."""
 
     def __init__(self, registry: Registry, journal: Journal, backend: PackedBackend, keeper,
-                 namespace: Namespace, parity: Parity, custody: Custody):
+                 namespace: Namespace, parity: Parity, custody: Custody, sleep: Sleep):
         self.registry = registry
         self.journal = journal
         self.backend = backend
@@ -53,6 +54,7 @@ class Adoption:
         self.parity = parity
         self.custody = custody      # deposits and frees, in its crash-safe order
         self.arenas = custody.arenas
+        self.sleep = sleep          # asleep allocations' host tiers (daemon/core/sleep.py)
         self.metas: dict[int, dict] = {}   # the keeper's deposit metas, during a start
 
     # ---- start-up: what the keeper holds against what the registry lists -------------------
@@ -140,6 +142,11 @@ class Adoption:
         in_slabs: list[Allocation] = []
         dropped: list[tuple[int, int, int]] = []
         slots_lost = 0
+        residue = self.sleep.drop_residue(
+            kept, self.metas, {a.id for a in self.ns.allocations() if a.asleep})
+        for key, fds in residue.items():
+            self.free_orphan(key, fds, "the host copy of a sleep that did not commit, or "
+                             "of a wake that did")
         for alloc in self.ns.allocations():
             if not alloc.durable:
                 if (where := placed.get(alloc.id)) is not None:
@@ -149,6 +156,11 @@ class Adoption:
                 summary["transients_dropped"] += 1
             elif alloc.capacity is None:
                 continue  # durable but pending: there is no memory to adopt
+            elif alloc.asleep:
+                adopted = self.sleep.adopt(alloc, kept, self.metas, self._adopt_parity)
+                if not adopted:
+                    self._mark_lost(alloc, "the keeper holds no host copy of it asleep")
+                summary["adopted" if adopted else "lost"] += 1
             elif alloc.state != "lost" and (where := placed.get(alloc.id)) is not None:
                 if self._adopt_slot(alloc, *where, slabs_lost):   # a lost one has no slot
                     in_slabs.append(alloc)
@@ -348,9 +360,9 @@ class Adoption:
                         "rebuilding it from the data", alloc.path, *where)
 
     def _mark_lost(self, alloc: Allocation, reason: str) -> None:
-        alloc.state = "lost"
+        alloc.state, alloc.awake_state = "lost", None
         alloc.buffer = None
-        self.registry.nodes.update(alloc.id, state="lost", slab=None, slot=None)
+        self.registry.nodes.update(alloc.id, state="lost", slab=None, slot=None, asleep=0)
         self.journal.event("lost", alloc, None, reason=reason)
         log.warning("allocation '%s' (id %d) is lost: %s", alloc.path, alloc.id, reason)
 
@@ -425,6 +437,7 @@ class Adoption:
         hold exactly the durable allocations: withdraw every other key, then hand it every
         durable allocation again. Returns (withdrawn, redeposited)."""
         durable = {a.id for a in self.ns.allocations() if a.kept}
+        durable |= {-a.id for a in self.ns.allocations() if a.asleep and a.durable}
         durable |= self.custody.slabs.keys() | self.arenas.keys()
         extra = [key for key in self.keeper.keys() if key not in durable]
         for key in extra:
@@ -440,6 +453,9 @@ class Adoption:
         for alloc in self.ns.allocations():
             if alloc.kept:
                 self.custody.deposit(alloc)      # nothing for a slot: its slab went above
+                count += 1
+            elif alloc.asleep and alloc.durable:
+                self.sleep.redeposit(alloc)      # its host tier
                 count += 1
         with self.journal.change(durable=False):
             self.journal.event("keeper", None, None, action=action, redeposited=count)

@@ -23,7 +23,7 @@ from .slabs import SLAB_KEY_BASE
 _FIELDS = [("name", "name", None), ("uid", "uid", None), ("gid", "gid", None),
            ("mode", "mode", None), ("size", "size", None), ("capacity", "capacity", None),
            ("device", "device", None), ("durable", "durable", int),
-           ("state", "stored_state", None),
+           ("state", "stored_state", None), ("asleep", "asleep", int),
            ("ecc", "ecc", None), ("target", "target", stored_name), ("rdev", "rdev", None)]
 
 
@@ -172,6 +172,12 @@ class Checker:
             return
         wanted = {a.id: a for a in self.ns.allocations()
                   if a.kept and not isinstance(a.buffer, Slot)}
+        tiers = {-a.id: a for a in self.ns.allocations() if a.asleep and a.durable}
+        for key in sorted(set(tiers) - kept):
+            self._problem("keeper", f"asleep durable '{tiers[key].path}' (id {-key}): the "
+                          "keeper holds no host copy of it: a daemon crash now would lose "
+                          "it (a keeper restart hands it over again)")
+        kept -= set(tiers)
         kept -= {SLAB_KEY_BASE + slab_id for slab_id in self.custody.backend.pool.slabs}
         kept -= self.custody.arenas.keys()        # check_parity_arenas says more
         for key in sorted(set(wanted) - kept):

@@ -225,6 +225,9 @@ class Custody:
                 self.backend.free(buf, self._settle_slot(alloc, buf))
                 alloc.buffer = None
             self.parity.free(alloc)
+            if alloc.tier is not None:    # asleep: its bytes in host memory (core/sleep.py)
+                alloc.tier.close()
+                alloc.tier = None
 
     def _settle_slot(self, alloc: Allocation, buf) -> bool:
         """A slot whose parity may be stale goes back zeroed and encoded: its neighbours'
@@ -375,6 +378,10 @@ class Custody:
 
     @staticmethod
     def require_memory(alloc: Allocation) -> None:
+        if alloc.state == "asleep":
+            raise InvalidState(f"'{alloc.path}' is asleep: its bytes wait in host memory and "
+                               f"it has no device memory; `gpumemctl wake {alloc.path}` "
+                               "brings it back", details={"errno": "EAGAIN", "by_copy": True})
         if alloc.state == "restoring":
             raise InvalidState(f"'{alloc.path}' is being restored from a snapshot; it is "
                                "served once the restore has checked every block",

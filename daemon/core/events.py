@@ -50,7 +50,11 @@ SCHEMA: dict[str, dict[str, str]] = {
     "stop": {},
     "drop": _REASON,
     "adopt": {"capacity": "int", "key": "int", "recovered": "bool", "slab": "int",
-              "objects": "int"},
+              "objects": "int", "asleep": "bool"},
+    # Sleep and wake (issue 28, daemon/core/sleep.py): the bytes moved; `parked`: the
+    # attachments that keep their address; `corrected`/`uncorrectable`: the wake's check.
+    "sleep": {"bytes": "int", "parked": "int"},
+    "wake": {"bytes": "int", "corrected": "int", "uncorrectable": "int"},
     "lost": _REASON,
     "orphan": {"key": "int", **_REASON},
     "parity": {"action": "str", **_REASON},

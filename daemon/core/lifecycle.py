@@ -37,7 +37,7 @@ class Lifecycle:
         then free (or wait for the last holder, if forced)."""
         alloc.unlinked = True
         if alloc.durable:
-            self.custody.withdraw_quietly(alloc.id)
+            self.custody.withdraw_quietly(-alloc.id if alloc.asleep else alloc.id)
         if not alloc.holders_of(*IO_KINDS, *MOUNT_KINDS):
             self.holders.drop_all(alloc)
             self.custody.free(alloc)
@@ -92,6 +92,10 @@ class Lifecycle:
         if alloc.unlinked:
             raise InvalidState(f"'{alloc.path}' has been removed; it cannot change "
                                "durability")
+        if alloc.asleep:
+            raise InvalidState(f"'{alloc.path}' is asleep: wake it first (`gpumemctl wake "
+                               f"{alloc.path}`), then change its durability",
+                               details={"errno": "EAGAIN"})
 
     def set_durable(self, alloc: Allocation, cred: Credentials, durable: bool, *,
                     deposited: Deposit | None = None) -> None:

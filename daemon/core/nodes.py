@@ -33,11 +33,15 @@ class Holder:
     # containers.py): its session's, or, for a pid other than the session's (a file open
     # on the mount), that pid's then.
     origin: Origin = UNKNOWN
+    # An attachment whose process let go of its mapping, keeping the address, while its
+    # allocation sleeps (daemon/core/sleep.py); op `remap` maps it again.
+    parked: bool = False
 
     def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.kind, "pid": self.pid, "uid": self.uid,
                 "session": self.session.id, "since_ns": self.since_ns,
-                "cgroup": self.origin.cgroup, "container": self.origin.container}
+                "cgroup": self.origin.cgroup, "container": self.origin.container,
+                "parked": self.parked}
 
 
 @dataclasses.dataclass(eq=False)
@@ -228,9 +232,12 @@ class Allocation(Node):
     durable: bool = False
     state: str = "pending"           # 'pending' | 'ready' | 'degraded' | 'lost' (design.md),
                                      # or 'restoring' (daemon/core/refills.py; stored as 'lost')
+                                     # or 'asleep' (daemon/core/sleep.py; column `asleep`)
     ecc: str = "rs"
     buffer: Any = None               # the backend's buffer; None while pending or lost
     parity: Any = None               # ECC parity region (daemon/core/parity.py); None: no ECC
+    tier: Any = None                 # asleep: its bytes in host memory (backends/tier.py)
+    awake_state: str | None = None   # asleep: the state it wakes into, its row's `state`
     damaged: set = dataclasses.field(default_factory=set)  # blocks beyond repair (EIO)
     holders: dict[int, Holder] = dataclasses.field(default_factory=dict)
     unlinked: bool = False           # removed from the namespace, freed with its last holder
@@ -276,8 +283,16 @@ class Allocation(Node):
         return self.durable and self.buffer is not None and self.state != "restoring"
 
     @property
+    def asleep(self) -> bool:
+        """Its bytes in host memory, its device memory given back (registry column)."""
+        return self.state == "asleep"
+
+    @property
     def stored_state(self) -> str:
-        """The state its registry row has: a restore in progress is stored as 'lost'."""
+        """The state its registry row has: a restore in progress is stored as 'lost', an
+        asleep allocation as the state it wakes into (with `asleep` 1)."""
+        if self.state == "asleep":
+            return self.awake_state or "ready"
         return "lost" if self.state == "restoring" else self.state
 
     def holders_of(self, *kinds: str) -> list[Holder]:

@@ -166,11 +166,18 @@ def add_durable_defaults(db: sqlite3.Connection) -> None:
     db.execute("UPDATE nodes SET durable = 0 WHERE kind = 'dir' AND durable IS NULL")
 
 
+def add_asleep_column(db: sqlite3.Connection) -> None:
+    """14 -> 15 (issue 28): the `asleep` column (create_tables()); nothing was asleep. A
+    registry rebuilt by the 7 -> 8 migration has today's `nodes`, with it already."""
+    if "asleep" not in {r[1] for r in db.execute("PRAGMA table_info('nodes')")}:
+        db.execute("ALTER TABLE nodes ADD COLUMN asleep INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS = {1: add_damage_table, 2: add_verified_column, 3: add_accessed_column,
               4: drop_unused_columns, 5: add_events_uid_index, 6: allow_blob_names,
               7: add_links_and_special_files, 8: add_hard_links,
               9: add_snapshot_columns, 10: add_user_metadata, 11: add_slabs,
-              12: add_parity_arenas, 13: add_durable_defaults}
+              12: add_parity_arenas, 13: add_durable_defaults, 14: add_asleep_column}
 
 
 def upgrade(registry: Registry, version: int) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .store import Registry
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 ROOT_ID = 1
 
 
@@ -81,6 +81,11 @@ NODES_SQL = """
         -- with memory of its own (and for every other kind).
         slab        INTEGER,
         slot        INTEGER,
+        -- 1 while the allocation is asleep (schema 15, issue 28, docs/engines.md "Sleep and
+        -- wake"): its bytes are in host memory (the keeper holds that copy under -id for a
+        -- durable one), its device memory is freed, `state` keeps the state it wakes into
+        -- ('ready' or 'degraded'), and `slab`/`slot` are NULL. 0 otherwise.
+        asleep      INTEGER NOT NULL DEFAULT 0,
         UNIQUE (parent, name)
     );
 """

@@ -28,7 +28,7 @@ from gpumemctl.protocol.defaults import (
 )
 
 from ..verbs.refill import REPORT_ACTIONS, REPORT_RESULTS
-from . import allocations, batch, compaction, status, streams, verify
+from . import allocations, batch, compaction, sleep, status, streams, verify
 from .call import Call, Reply
 from .schema import REQUIRED, Arg, Kind
 from .transport import Connection
@@ -162,6 +162,12 @@ OPS: dict[str, Op] = {op.name: op for op in (
                     flag("create"), flag("replace")), allocations.meta_set),
     Op("meta_rm", (path(), KEY), allocations.meta_rm),
     Op("attach", (path(), OPEN, flag("regions"), flag("extents")), allocations.attach),
+    # Sleep and wake (issue 28): `parked`, the caller's process's attachments that let go
+    # of their mapping; `remap` maps an attachment again where it kept its address.
+    Op("sleep", (path(), Arg("parked", Kind.LIST, None, nullable=True,
+                             what="a list of attachment handles (integers)")), sleep.sleep),
+    Op("wake", (path(),), sleep.wake),
+    Op("remap", (HANDLE, flag("regions"), flag("extents")), sleep.remap),
     Op("revoke", (path(),), allocations.revoke),
     Op("detach", (HANDLE,), allocations.detach),
     Op("seal", (path(),), allocations.seal),

@@ -22,6 +22,7 @@ from .queries import Queries
 from .refill import RefillVerbs, SnapshotRecords
 from .reports import Reports
 from .service import ServiceVerbs
+from .sleep import SleepVerbs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Verbs:
     checks: Checks              # verify and repair, check, fault injection
     service: ServiceVerbs       # start, stop, the keeper's repairs
     compaction: CompactionVerbs  # slabs compacted: by the administrator, by housekeeping
+    sleep: SleepVerbs           # sleep and wake, and an attachment's remap
 
 
 __all__ = ["Verbs"]

@@ -416,8 +416,8 @@ class HandleVerbs:
         """open(2) on the mount. The kernel has checked the permission (default_permissions);
         a lost allocation cannot be opened (EIO), a pending one can (it gets memory when
         written or truncated)."""
-        if alloc.state == "lost":
-            self.custody.require_memory(alloc)
+        if alloc.state == "lost" or (alloc.asleep and writable):
+            self.custody.require_memory(alloc)      # asleep: read-only opens only
         self.settle_ended_sessions()
         return self.holders.add(alloc, session, MOUNT_KINDS[writable], cred)
 

@@ -55,6 +55,13 @@ def stream_destroy(stream) -> None:
     _cu("cuStreamDestroy", stream)
 
 
+def host_register(ptr: int, size: int) -> Callable[[], None]:
+    """Page-lock existing host memory (a mapping of a memfd) for every context, so that
+    copies from and to it run by DMA; returns what unregisters it."""
+    _cu("cuMemHostRegister", ptr, size, _driver().CU_MEMHOSTREGISTER_PORTABLE)
+    return lambda: _cu("cuMemHostUnregister", ptr)
+
+
 class PinnedBuffer:
     """Page-locked host memory (cuMemHostAlloc, portable to every context), exposed as a
     writable memoryview. Copies from and to it run at full PCIe/NVLink speed and can be

@@ -36,6 +36,7 @@ class Holder(TypedDict):
     since_ns: int
     cgroup: str | None
     container: Container | None
+    parked: bool            # an attachment that let go of its mapping while asleep
 
 
 class ContainerHeld(TypedDict):
@@ -90,7 +91,7 @@ class Allocation(NodeCommon):
     capacity: int | None
     device: str | None              # the device's UUID
     durable: bool
-    state: str                      # pending, ready, degraded, lost or restoring
+    state: str                      # pending, ready, degraded, lost, restoring or asleep
     ecc: str                        # rs or none
     refcount: int                   # holders, and the durable pin
     leased: bool

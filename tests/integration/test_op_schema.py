@@ -28,6 +28,7 @@ GOOD_ARGS: dict[str, dict] = {
     "rename": {"path": "a", "to": "a2"}, "resize": {"path": "a", "size": 8192},
     "read": {"path": "a", "length": 10}, "revoke": {"path": "a"},
     "attach": {"path": "a"}, "detach": {"handle": 1}, "seal": {"path": "a"},
+    "sleep": {"path": "a"}, "wake": {"path": "a"}, "remap": {"handle": 1},
     "export_dmabuf": {"path": "a"}, "status": {}, "devices": {}, "events": {},
     "subscribe": {}, "verify": {}, "recover": {"path": "a"}, "check": {}, "scrub": {},
     "compact": {"dry_run": True},

@@ -18,7 +18,8 @@ SEALED, UNSEALED, WRITING = 0, 1, 2
 # The columns a node is made of (Nodes.load), in the order nodes_from_rows unpacks them.
 COLUMNS = ("id", "parent", "name", "kind", "uid", "gid", "mode", "created_ns", "modified_ns",
            "changed_ns", "accessed_ns", "size", "capacity", "device", "durable", "unsealed",
-           "state", "ecc", "verified_ns", "snapshot", "snapshot_ns", "target", "rdev")
+           "state", "ecc", "verified_ns", "snapshot", "snapshot_ns", "target", "rdev",
+           "asleep")
 _PARENT, _KIND, _DURABLE = COLUMNS.index("parent"), COLUMNS.index("kind"), \
     COLUMNS.index("durable")
 
@@ -40,7 +41,7 @@ def nodes_from_rows(rows: Iterable[tuple]) -> Iterator[tuple[Node, int | None]]:
             yield _allocation(row), row[_PARENT]
             continue
         (node_id, parent, name, kind, uid, gid, mode, created, modified, changed, accessed,
-         *_, target, rdev) = row
+         *_, target, rdev, _) = row
         common = dict(id=node_id, name=name, parent=None, uid=uid, gid=gid, mode=mode,
                       created_ns=created, modified_ns=modified, changed_ns=changed,
                       accessed_ns=accessed)
@@ -71,7 +72,7 @@ def _allocation(row: tuple) -> Allocation:
     (tests/unit/test_restart_at_scale.py checks that both agree)."""
     (node_id, _, name, _, uid, gid, mode, created, modified, changed, accessed, size,
      capacity, device, durable, unsealed, state, ecc, verified, snapshot, snapshot_ns,
-     _, _) = row
+     _, _, asleep) = row
     f = _ALLOCATION_BLANK.copy()
     f["id"], f["name"], f["uid"], f["gid"], f["mode"] = node_id, name, uid, gid, mode
     f["created_ns"], f["modified_ns"], f["changed_ns"] = created, modified, changed
@@ -79,6 +80,8 @@ def _allocation(row: tuple) -> Allocation:
     f["device"], f["durable"], f["state"], f["ecc"] = device, bool(durable), state, ecc
     f["unsealed"], f["writing"] = unsealed == UNSEALED, unsealed == WRITING
     f["verified_ns"], f["snapshot"], f["snapshot_ns"] = verified, snapshot, snapshot_ns
+    if asleep:                   # its bytes in host memory: the row's state is the one it
+        f["state"], f["awake_state"] = "asleep", state     # wakes into (daemon/core/sleep.py)
     for field, factory in _ALLOCATION_MADE:
         f[field] = factory()
     alloc = object.__new__(Allocation)

@@ -45,7 +45,8 @@ def test_an_allocation_described():
     assert info["verified"] is None
     assert info["holders"] == [{"id": 7, "kind": "read", "pid": 42, "uid": 1000,
                                 "session": session.id, "since_ns": 5,
-                                "cgroup": f"/docker/{'f' * 64}", "container": docker}]
+                                "cgroup": f"/docker/{'f' * 64}", "container": docker,
+                                "parked": False}]
     assert info["metadata"] == {"k": "\udcff"} and info["names"] == ["a"]
     assert info["created"] == "2001-09-09T01:46:40.000000Z"
     listed = describe(a)

@@ -103,7 +103,7 @@ def test_refcount_is_holders_and_the_durable_pin(root):
     assert [h.id for h in a.holders_of("read")] == [1, 2]
     assert a.holders[3].to_dict() == {"id": 3, "kind": "lease", "pid": 1, "uid": 0,
                                       "session": session.id, "since_ns": 0,
-                                      "cgroup": None, "container": None}
+                                      "cgroup": None, "container": None, "parked": False}
 
 
 def test_walks_go_deeper_than_the_recursion_limit(root):

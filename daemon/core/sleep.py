@@ -1,0 +1,268 @@
+"""Sleep and wake (issue 28, docs/engines.md "Sleep and wake"): an allocation's bytes moved
+to host memory and its device memory given back, then new device memory with the same bytes.
+
+An asleep allocation has no buffer; its bytes are a HostTier (daemon/backends/tier.py) and
+its row says `asleep` 1 with the state it wakes into. Memory of its own keeps its parity on
+the device while it sleeps (parity is small; the data is what goes), encoded before the copy
+out, and wake checks every block against it, repairing what the code can: bytes damaged in
+host memory come back repaired or recorded as damage, never silently. A small allocation in
+a slab gives its slot back (a slot's parity is its slab's): a CRC-32 of its bytes stands in
+for the parity, checked at wake.
+
+Crash order for a durable allocation (docs/durability.md, "Crash ordering"), the keeper's
+copy of the tier under -id (a resize's staging key: a resize of an asleep allocation is
+refused, so the two never meet), with `asleep` in its meta:
+- sleep: copy out, deposit the tier under -id, commit `asleep` 1, withdraw the device copy
+  under id, free the device memory. A crash before the commit leaves the tier as residue
+  (freed at start: drop_residue); after it, the device copy is the residue.
+- wake: new memory, copy in, check, deposit it under id, commit `asleep` 0, withdraw -id,
+  close the tier. Before the commit the new memory is the residue; after it, the tier.
+A transient allocation deposits nothing, and like any transient one is dropped at a start.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+from gpumemctl.protocol import InvalidState, NotFound
+
+from ..backends.arenas import ParitySpan
+from ..backends.packed import PackedBackend
+from ..backends.slabs import SlotParity, placement
+from ..backends.tier import HostTier
+from ..registry import Registry
+from .custody import Custody, Deposit
+from .integrity import Integrity
+from .journal import Journal
+from .nodes import Allocation, Holder
+from .parity import BLOCK, protected_blocks
+from .permissions import Credentials
+
+TIER_META = "asleep"          # the key of a tier deposit's meta that says what it is
+
+
+def is_tier(meta: dict | None) -> bool:
+    return bool(meta) and bool(meta.get(TIER_META))    # type: ignore[union-attr]
+
+
+class Sleep:
+    def __init__(self, registry: Registry, journal: Journal, backend: PackedBackend,
+                 custody: Custody, integrity: Integrity):
+        self.registry = registry
+        self.journal = journal
+        self.backend = backend
+        self.custody = custody
+        self.integrity = integrity
+
+    # ---- sleep ------------------------------------------------------------------------------
+    def sleep(self, alloc: Allocation, cred: Credentials, parked: list[Holder]) -> int:
+        """Move the bytes to a host tier and free the device memory (the module docstring's
+        order). The caller checked who may and what holds it. Returns the bytes moved."""
+        size = alloc.size or 0
+        with alloc.parity_lock:          # no parity job between the encode and the copy
+            crc = self._settle_parity(alloc)
+            tier = HostTier.create(size, alloc.path)
+            try:
+                tier.register(self.backend.host_register)
+                self.backend.to_host(alloc.buffer, size, tier.view, tier.addr)
+                tier.crc = crc if crc is None else zlib.crc32(tier.view)
+                self._commit_sleep(alloc, cred, tier, parked)
+            except BaseException:
+                tier.close()
+                raise
+        self._free_device_memory(alloc)
+        return size
+
+    def _settle_parity(self, alloc: Allocation) -> int | None:
+        """Parity the wake can check against: memory of its own encodes every block now (a
+        writer may have written anywhere: its parity is stale by design). A slot: 0, which
+        says "checked by CRC" (its parity goes with the slot)."""
+        if self.backend.in_slab(alloc.buffer):
+            return 0
+        if alloc.parity is not None:
+            self.integrity.parity.encode(alloc, 0, protected_blocks(alloc) * BLOCK)
+        return None
+
+    def _commit_sleep(self, alloc: Allocation, cred: Credentials, tier: HostTier,
+                      parked: list[Holder]) -> None:
+        deposited = alloc.durable
+        if deposited:
+            self.custody.send(self.tier_deposit(alloc, tier))
+        try:
+            with self.journal.change(durable=alloc.durable):
+                self.journal.keep(alloc, "state", "awake_state")
+                alloc.awake_state, alloc.state = alloc.state, "asleep"
+                self.registry.nodes.update(alloc.id, asleep=1, slab=None, slot=None)
+                self.journal.event("sleep", alloc, cred, bytes=alloc.size or 0,
+                                   parked=len(parked))
+        except BaseException:
+            if deposited:
+                self.custody.withdraw_quietly(-alloc.id)
+            raise
+        for holder in parked:
+            holder.parked = True
+        alloc.tier = tier
+        if deposited and not self.backend.in_slab(alloc.buffer):
+            self.custody.withdraw_quietly(alloc.id)
+
+    def _free_device_memory(self, alloc: Allocation) -> None:
+        """After the commit: a slot goes with its parity (its slab's); memory of its own
+        goes, its parity stays for the wake to check against."""
+        if self.backend.in_slab(alloc.buffer):
+            tier, alloc.tier = alloc.tier, None     # (Custody.free closes a tier)
+            try:
+                self.custody.free(alloc)
+            finally:
+                alloc.tier = tier
+            return
+        with alloc.parity_lock:
+            buf, alloc.buffer = alloc.buffer, None
+            if buf is not None:
+                self.backend.free(buf)
+        self.journal.node_changed(alloc)
+
+    def tier_deposit(self, alloc: Allocation, tier: HostTier) -> Deposit:
+        """What the keeper holds of an asleep durable allocation: the tier's fd, and its
+        parity's where that is a buffer of its own (a span is its arena's, kept already)."""
+        fds = [tier.keeper_fd()]
+        if alloc.parity is not None and not isinstance(alloc.parity, (SlotParity, ParitySpan)):
+            fds += self.backend.keeper_fds(alloc.parity)
+        meta = {TIER_META: True, "size": tier.size, "capacity": alloc.capacity,
+                "device": alloc.device, "crc": tier.crc,
+                "registry": self.registry.identity.instance}
+        if isinstance(alloc.parity, ParitySpan):
+            meta["ecc"] = alloc.ecc
+        return Deposit(-alloc.id, f"put '{alloc.path}' to sleep", fds, meta)
+
+    # ---- wake -------------------------------------------------------------------------------
+    def wake(self, alloc: Allocation, cred: Credentials) -> dict:
+        """New device memory with the tier's bytes, checked; then the commit (the module
+        docstring's order). Returns what the check found."""
+        tier: HostTier = alloc.tier
+        packed = tier.crc is not None
+        buf = self._new_memory(alloc, packed)
+        try:
+            tier.register(self.backend.host_register)
+            with alloc.parity_lock:
+                self.backend.from_host(buf, tier.size, tier.view, tier.addr)
+                if not self.backend.fresh_memory_is_zero:    # past the size: zeros
+                    self.backend.zero(buf, tier.size, buf.capacity)
+                alloc.buffer = buf
+                self.custody.bind(alloc)
+                found = self._check(alloc, tier, packed)
+            self._commit_wake(alloc, cred, found)
+        except BaseException:
+            with alloc.parity_lock:
+                if packed:
+                    self.custody.free(alloc)        # the slot, and the parity made for it
+                else:
+                    self.custody.free_memory(buf)
+                alloc.buffer = None
+            raise
+        alloc.tier = None
+        if alloc.durable:
+            self.custody.withdraw_quietly(-alloc.id)
+        tier.close()
+        self.journal.node_changed(alloc)
+        return found
+
+    def _new_memory(self, alloc: Allocation, packed: bool):
+        """On its device (the first one if that is gone). A packed one may be packed again
+        (the owner's slab); memory of its own gets memory of its own, one extent of its
+        capacity, which a parked attachment maps at the address it kept."""
+        try:
+            dev = self.backend.device(alloc.device)
+        except NotFound:
+            if alloc.parity is not None and not packed:
+                raise InvalidState(f"'{alloc.path}' slept on device {alloc.device}, which "
+                                   "is gone; its parity stayed there") from None
+            dev = self.backend.device(None)
+        capacity = alloc.capacity or self.backend.capacity_for(dev, max(alloc.size or 0, 1))
+        alloc.device = dev.uuid
+        return self.custody.allocate(dev, alloc.size or 0, capacity, alloc.ecc, alloc.path,
+                                     uid=alloc.uid if packed else None)
+
+    def _check(self, alloc: Allocation, tier: HostTier, packed: bool) -> dict:
+        """Every block against its parity, repaired where the code can; a packed one by its
+        CRC, then given fresh parity in its new slot."""
+        size = alloc.size or 0
+        out = {"blocks": 0, "clean": 0, "corrected": 0, "uncorrectable": 0}
+        if packed:
+            if zlib.crc32(self.backend.read(alloc.buffer, 0, size)) != tier.crc:
+                raise InvalidState(f"'{alloc.path}': its bytes in host memory fail their "
+                                   "CRC; it stays asleep (`gpumemctl recover` or restore "
+                                   "it from a snapshot)")
+            self.integrity.protect_new(alloc)
+            self.integrity.parity.encode(alloc, 0, size)
+            return out
+        if alloc.parity is None:
+            return out
+        parity = self.integrity.parity
+        blocks = protected_blocks(alloc)
+        bad: list[int] = []
+        for first in range(0, blocks, parity.chunk_blocks):
+            found = parity.check(alloc, first, min(parity.chunk_blocks, blocks - first),
+                                 repair=True)
+            for key in ("blocks", "clean", "corrected"):
+                out[key] += found[key]
+            bad += found["uncorrectable"]
+        out["uncorrectable"] = len(bad)
+        out["uncorrectable_blocks"] = bad      # type: ignore[assignment]
+        return out
+
+    def _commit_wake(self, alloc: Allocation, cred: Credentials, found: dict) -> None:
+        bad = set(found.pop("uncorrectable_blocks", []))
+        with self.journal.change(durable=alloc.durable):
+            self.journal.keep(alloc, "state", "awake_state", "device")
+            alloc.state, alloc.awake_state = alloc.awake_state or "ready", None
+            self.registry.nodes.update(alloc.id, asleep=0, state=alloc.stored_state,
+                                      device=alloc.device, **placement(alloc.buffer))
+            self.journal.event("wake", alloc, cred, bytes=alloc.size or 0,
+                               corrected=found["corrected"], uncorrectable=len(bad))
+            damaged = bool(bad) and self.integrity.record_damage(
+                alloc, alloc.damaged | bad, cred, "found by the check at wake")
+            if alloc.durable:
+                self.custody.deposit(alloc)        # its rollback withdraws it
+        if damaged:
+            self.integrity.log_damage(alloc, "found by the check at wake")
+
+    # ---- start-up and the keeper ------------------------------------------------------------
+    def adopt(self, alloc: Allocation, kept: dict[int, list[int]], metas: dict[int, dict],
+              adopt_parity) -> bool:
+        """At start: an asleep durable allocation takes back its tier (and its parity, by
+        `adopt_parity`: Adoption._adopt_parity); a device copy under its id is the residue
+        of a sleep that committed (the caller frees what is left in `kept`). False: the
+        keeper holds no tier for it."""
+        fds, meta = kept.pop(-alloc.id, None), metas.get(-alloc.id) or {}
+        if not fds or not is_tier(meta):
+            if fds:
+                kept[-alloc.id] = fds        # not a tier: residue, freed by the caller
+            return False
+        try:
+            alloc.tier = HostTier(fds[0], int(meta["size"]), meta.get("crc"))
+        except (OSError, ValueError, KeyError, TypeError):
+            for fd in fds:
+                os.close(fd)
+            return False
+        if os.fstat(fds[0]).st_size < alloc.tier.size or alloc.tier.size != (alloc.size or 0):
+            alloc.tier.close()
+            alloc.tier = None
+            for fd in fds[1:]:
+                os.close(fd)
+            return False
+        adopt_parity(alloc, fds[1:])
+        self.journal.event("adopt", alloc, None, capacity=alloc.capacity, asleep=True)
+        return True
+
+    @staticmethod
+    def drop_residue(kept: dict[int, list[int]], metas: dict[int, dict],
+                     asleep: set[int]) -> dict[int, list[int]]:
+        """At start: tiers the keeper holds for allocations that are not asleep (a sleep
+        that did not commit, a wake that did), out of `kept`, for the caller to free."""
+        return {key: kept.pop(key) for key in list(kept)
+                if key < 0 and -key not in asleep and is_tier(metas.get(key))}
+
+    def redeposit(self, alloc: Allocation) -> None:
+        """After a keeper restart: it gets the tier again."""
+        if alloc.durable and alloc.tier is not None:
+            self.custody.send(self.tier_deposit(alloc, alloc.tier))
