@@ -378,6 +378,10 @@ class Custody:
 
     @staticmethod
     def require_memory(alloc: Allocation) -> None:
+        if alloc.state in ("sleeping", "waking"):
+            raise InvalidState(f"'{alloc.path}' is {alloc.state}: its bytes are being copied "
+                               "between device and host memory; try again in a moment",
+                               details={"errno": "EAGAIN"})
         if alloc.state == "asleep":
             raise InvalidState(f"'{alloc.path}' is asleep: its bytes wait in host memory and "
                                f"it has no device memory; `gpumemctl wake {alloc.path}` "

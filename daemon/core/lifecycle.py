@@ -17,7 +17,7 @@ from .holders import IO_KINDS, MOUNT_KINDS, Holders
 from .integrity import Integrity
 from .journal import Journal
 from .namespace import Namespace
-from .nodes import Allocation, Holder
+from .nodes import MOVING, Allocation, Holder
 from .permissions import Credentials, require_owner
 
 
@@ -92,8 +92,8 @@ class Lifecycle:
         if alloc.unlinked:
             raise InvalidState(f"'{alloc.path}' has been removed; it cannot change "
                                "durability")
-        if alloc.asleep:
-            raise InvalidState(f"'{alloc.path}' is asleep: wake it first (`gpumemctl wake "
+        if alloc.state in MOVING:
+            raise InvalidState(f"'{alloc.path}' is {alloc.state}: wake it first (`gpumemctl wake "
                                f"{alloc.path}`), then change its durability",
                                details={"errno": "EAGAIN"})
 

@@ -224,6 +224,11 @@ def kind_of(node: Node) -> str:
     return "alloc"
 
 
+# An allocation's states of sleep (daemon/core/sleep.py): their row keeps the state it wakes
+# into (`awake_state`).
+MOVING = ("sleeping", "asleep", "waking")
+
+
 @dataclasses.dataclass(eq=False)
 class Allocation(Node):
     size: int = 0                    # 0 while pending (no memory yet)
@@ -232,7 +237,8 @@ class Allocation(Node):
     durable: bool = False
     state: str = "pending"           # 'pending' | 'ready' | 'degraded' | 'lost' (design.md),
                                      # or 'restoring' (daemon/core/refills.py; stored as 'lost')
-                                     # or 'asleep' (daemon/core/sleep.py; column `asleep`)
+                                     # or 'asleep' (daemon/core/sleep.py; column `asleep`),
+                                     # 'sleeping' or 'waking' meanwhile (in memory only)
     ecc: str = "rs"
     buffer: Any = None               # the backend's buffer; None while pending or lost
     parity: Any = None               # ECC parity region (daemon/core/parity.py); None: no ECC
@@ -280,18 +286,20 @@ class Allocation(Node):
     def kept(self) -> bool:
         """Memory the keeper should hold: durable, present, and not half-way through a
         restore (a restore that dies must leave it lost, never adopted half-filled)."""
-        return self.durable and self.buffer is not None and self.state != "restoring"
+        return self.durable and self.buffer is not None and \
+            self.state not in ("restoring", "waking")
 
     @property
     def asleep(self) -> bool:
-        """Its bytes in host memory, its device memory given back (registry column)."""
-        return self.state == "asleep"
+        """Its bytes in host memory, its device memory given back (registry column), or
+        coming back (`waking`: the row still says asleep, reads still come from there)."""
+        return self.state in ("asleep", "waking")
 
     @property
     def stored_state(self) -> str:
         """The state its registry row has: a restore in progress is stored as 'lost', an
         asleep allocation as the state it wakes into (with `asleep` 1)."""
-        if self.state == "asleep":
+        if self.state in MOVING:
             return self.awake_state or "ready"
         return "lost" if self.state == "restoring" else self.state
 

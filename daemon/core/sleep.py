@@ -21,8 +21,10 @@ A transient allocation deposits nothing, and like any transient one is dropped a
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
+from typing import Any
 
 from gpumemctl.protocol import InvalidState, NotFound
 
@@ -45,6 +47,17 @@ def is_tier(meta: dict | None) -> bool:
     return bool(meta) and bool(meta.get(TIER_META))    # type: ignore[union-attr]
 
 
+@dataclasses.dataclass(eq=False)
+class Move:
+    """A sleep or a wake under way: its first step (on the event loop) made it, its copy
+    (on a worker thread: Sleep.copy_out, copy_in) fills it, its last step commits it."""
+    alloc: Allocation
+    parked: list[Holder] = dataclasses.field(default_factory=list)
+    tier: HostTier | None = None        # a sleep's, once copied
+    buf: Any = None                     # a wake's new memory
+    found: dict | None = None           # a wake's check
+
+
 class Sleep:
     def __init__(self, registry: Registry, journal: Journal, backend: PackedBackend,
                  custody: Custody, integrity: Integrity):
@@ -55,23 +68,51 @@ class Sleep:
         self.integrity = integrity
 
     # ---- sleep ------------------------------------------------------------------------------
-    def sleep(self, alloc: Allocation, cred: Credentials, parked: list[Holder]) -> int:
-        """Move the bytes to a host tier and free the device memory (the module docstring's
-        order). The caller checked who may and what holds it. Returns the bytes moved."""
-        size = alloc.size or 0
-        with alloc.parity_lock:          # no parity job between the encode and the copy
+    def begin_sleep(self, alloc: Allocation, parked: list[Holder]) -> Move:
+        """On the loop, once the caller checked who may and what holds it: `sleeping` (in
+        memory only) refuses whatever would write or map it while the bytes are copied."""
+        alloc.awake_state, alloc.state = alloc.state, "sleeping"
+        self.journal.node_changed(alloc)
+        return Move(alloc, parked)
+
+    def copy_out(self, move: Move) -> None:
+        """On a worker thread: parity brought up to date, then the bytes into a new host
+        tier, under the parity lock (no parity job, no free, in between)."""
+        alloc = move.alloc
+        with alloc.parity_lock:
+            if alloc.buffer is None:
+                return                              # removed meanwhile: finish_sleep says so
             crc = self._settle_parity(alloc)
-            tier = HostTier.create(size, alloc.path)
+            tier = HostTier.create(alloc.size or 0, alloc.path)
             try:
                 tier.register(self.backend.host_register)
-                self.backend.to_host(alloc.buffer, size, tier.view, tier.addr)
+                self.backend.to_host(alloc.buffer, tier.size, tier.view, tier.addr)
                 tier.crc = crc if crc is None else zlib.crc32(tier.view)
-                self._commit_sleep(alloc, cred, tier, parked)
             except BaseException:
                 tier.close()
                 raise
+            move.tier = tier
+
+    def finish_sleep(self, move: Move, cred: Credentials) -> int:
+        """On the loop: the commit (module docstring), then the device memory goes.
+        Returns the bytes moved."""
+        alloc, tier = move.alloc, move.tier
+        if alloc.unlinked or alloc.buffer is None or tier is None:
+            raise NotFound(f"'{alloc.path}' was removed while it went to sleep")
+        self._commit_sleep(alloc, cred, tier, move.parked)
+        move.tier = None                            # the allocation's now
         self._free_device_memory(alloc)
-        return size
+        return tier.size
+
+    def abandon_sleep(self, move: Move) -> None:
+        """A sleep that did not commit: awake as it was, the host copy gone."""
+        alloc = move.alloc
+        if alloc.state == "sleeping":
+            alloc.state, alloc.awake_state = alloc.awake_state or "ready", None
+            self.journal.node_changed(alloc)
+        if move.tier is not None:
+            move.tier.close()
+            move.tier = None
 
     def _settle_parity(self, alloc: Allocation) -> int | None:
         """Parity the wake can check against: memory of its own encodes every block now (a
@@ -90,10 +131,10 @@ class Sleep:
             self.custody.send(self.tier_deposit(alloc, tier))
         try:
             with self.journal.change(durable=alloc.durable):
-                self.journal.keep(alloc, "state", "awake_state")
-                alloc.awake_state, alloc.state = alloc.state, "asleep"
+                self.journal.keep(alloc, "state")
+                alloc.state = "asleep"
                 self.registry.nodes.update(alloc.id, asleep=1, slab=None, slot=None)
-                self.journal.event("sleep", alloc, cred, bytes=alloc.size or 0,
+                self.journal.event("sleep", alloc, cred, bytes=tier.size,
                                    parked=len(parked))
         except BaseException:
             if deposited:
@@ -114,11 +155,11 @@ class Sleep:
                 self.custody.free(alloc)
             finally:
                 alloc.tier = tier
-            return
-        with alloc.parity_lock:
-            buf, alloc.buffer = alloc.buffer, None
-            if buf is not None:
-                self.backend.free(buf)
+        else:
+            with alloc.parity_lock:
+                buf, alloc.buffer = alloc.buffer, None
+                if buf is not None:
+                    self.backend.free(buf)
         self.journal.node_changed(alloc)
 
     def tier_deposit(self, alloc: Allocation, tier: HostTier) -> Deposit:
@@ -135,36 +176,63 @@ class Sleep:
         return Deposit(-alloc.id, f"put '{alloc.path}' to sleep", fds, meta)
 
     # ---- wake -------------------------------------------------------------------------------
-    def wake(self, alloc: Allocation, cred: Credentials) -> dict:
-        """New device memory with the tier's bytes, checked; then the commit (the module
-        docstring's order). Returns what the check found."""
-        tier: HostTier = alloc.tier
-        packed = tier.crc is not None
-        buf = self._new_memory(alloc, packed)
-        try:
+    def begin_wake(self, alloc: Allocation) -> Move:
+        """On the loop: new device memory (NoMemory if the device has no room now), and
+        `waking`: reads still come from the host tier, nothing maps or writes it."""
+        move = Move(alloc, buf=self._new_memory(alloc, alloc.tier.crc is not None))
+        alloc.state = "waking"
+        self.journal.node_changed(alloc)
+        return move
+
+    def copy_in(self, move: Move) -> None:
+        """On a worker thread: the bytes back, zeros past the size, and the check."""
+        alloc, tier = move.alloc, move.alloc.tier
+        with alloc.parity_lock:
+            if alloc.unlinked or tier is None:
+                return                               # removed meanwhile
             tier.register(self.backend.host_register)
-            with alloc.parity_lock:
-                self.backend.from_host(buf, tier.size, tier.view, tier.addr)
-                if not self.backend.fresh_memory_is_zero:    # past the size: zeros
-                    self.backend.zero(buf, tier.size, buf.capacity)
-                alloc.buffer = buf
-                self.custody.bind(alloc)
-                found = self._check(alloc, tier, packed)
-            self._commit_wake(alloc, cred, found)
-        except BaseException:
-            with alloc.parity_lock:
-                if packed:
-                    self.custody.free(alloc)        # the slot, and the parity made for it
-                else:
-                    self.custody.free_memory(buf)
-                alloc.buffer = None
-            raise
-        alloc.tier = None
+            self.backend.from_host(move.buf, tier.size, tier.view, tier.addr)
+            if not self.backend.fresh_memory_is_zero:
+                self.backend.zero(move.buf, tier.size, move.buf.capacity)
+            alloc.buffer = move.buf
+            self.custody.bind(alloc)
+            move.found = self._check(alloc, tier, tier.crc is not None)
+
+    def finish_wake(self, move: Move, cred: Credentials) -> dict:
+        """On the loop: the commit (module docstring), then the host copy goes. Returns what
+        the check found."""
+        alloc, found = move.alloc, move.found
+        if alloc.unlinked or found is None:
+            raise NotFound(f"'{alloc.path}' was removed while it woke")
+        self._commit_wake(alloc, cred, found)
+        move.buf = None                              # the allocation's now
+        tier, alloc.tier = alloc.tier, None
         if alloc.durable:
             self.custody.withdraw_quietly(-alloc.id)
         tier.close()
         self.journal.node_changed(alloc)
         return found
+
+    def abandon_wake(self, move: Move) -> None:
+        """A wake that did not commit: asleep as it was, the new memory gone."""
+        alloc = move.alloc
+        with alloc.parity_lock:
+            if move.buf is not None and alloc.buffer is move.buf:
+                if self.backend.in_slab(move.buf):
+                    tier, alloc.tier = alloc.tier, None
+                    try:
+                        self.custody.free(alloc)     # the slot, and the parity made for it
+                    finally:
+                        alloc.tier = tier
+                else:
+                    self.custody.free_memory(move.buf)
+                alloc.buffer = None
+            elif move.buf is not None and not alloc.unlinked:
+                self.custody.free_memory(move.buf)
+            move.buf = None
+        if alloc.state == "waking":
+            alloc.state = "asleep"
+            self.journal.node_changed(alloc)
 
     def _new_memory(self, alloc: Allocation, packed: bool):
         """On its device (the first one if that is gone). A packed one may be packed again
@@ -178,9 +246,10 @@ class Sleep:
                                    "is gone; its parity stayed there") from None
             dev = self.backend.device(None)
         capacity = alloc.capacity or self.backend.capacity_for(dev, max(alloc.size or 0, 1))
+        buf = self.custody.allocate(dev, alloc.size or 0, capacity, alloc.ecc, alloc.path,
+                                    uid=alloc.uid if packed else None)
         alloc.device = dev.uuid
-        return self.custody.allocate(dev, alloc.size or 0, capacity, alloc.ecc, alloc.path,
-                                     uid=alloc.uid if packed else None)
+        return buf
 
     def _check(self, alloc: Allocation, tier: HostTier, packed: bool) -> dict:
         """Every block against its parity, repaired where the code can; a packed one by its

@@ -3,17 +3,18 @@ bytes to host memory and back, and an attachment mapping the new memory where it
 address (docs/protocol.md has the table)."""
 from __future__ import annotations
 
+from ..verbs.plan import run
 from .call import Call, Reply
 
 
 async def sleep(call: Call) -> Reply:
     a = call.args
-    return call.verbs.sleep.sleep(a["path"], call.session.cred, call.session,
-                                  a["parked"]), []
+    return await run(call.verbs.sleep.sleep(a["path"], call.session.cred, call.session,
+                                            a["parked"])), []
 
 
 async def wake(call: Call) -> Reply:
-    return call.verbs.sleep.wake(call.args["path"], call.session.cred), []
+    return await run(call.verbs.sleep.wake(call.args["path"], call.session.cred)), []
 
 
 async def remap(call: Call) -> Reply:

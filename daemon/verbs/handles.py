@@ -25,7 +25,7 @@ from ..core.integrity import Integrity, ParityJob
 from ..core.journal import Journal
 from ..core.lifecycle import Lifecycle
 from ..core.namespace import SEALED, Namespace
-from ..core.nodes import WRITER_KINDS, Allocation, Holder
+from ..core.nodes import MOVING, WRITER_KINDS, Allocation, Holder
 from ..core.permissions import Credentials, R, W, allowed, require
 from ..core.refills import Refills
 from ..core.sessions import Session
@@ -416,7 +416,7 @@ class HandleVerbs:
         """open(2) on the mount. The kernel has checked the permission (default_permissions);
         a lost allocation cannot be opened (EIO), a pending one can (it gets memory when
         written or truncated)."""
-        if alloc.state == "lost" or (alloc.asleep and writable):
+        if alloc.state == "lost" or (writable and alloc.state in MOVING):
             self.custody.require_memory(alloc)      # asleep: read-only opens only
         self.settle_ended_sessions()
         return self.holders.add(alloc, session, MOUNT_KINDS[writable], cred)

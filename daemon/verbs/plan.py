@@ -53,6 +53,14 @@ class ParityWork:
 
 
 @dataclasses.dataclass(frozen=True)
+class Offload:
+    """Slow work of the plan's own on what the plan holds (a sleep's or a wake's copy of an
+    allocation's bytes, daemon/core/sleep.py): on a worker thread under trio, here and now
+    under run_sync. Its result is sent into the plan, its exception thrown in."""
+    work: Callable[[], object]
+
+
+@dataclasses.dataclass(frozen=True)
 class Breathe:
     """A piece of long work is done (a verify's): let the loop run. `reached` is where it is
     (a block), for a progress callback."""
@@ -85,15 +93,17 @@ class Exclusive:
 # (daemon/core/orphans.py).
 DEPOSITS = "deposits"
 
-Request = KeeperWork | ParityWork | Breathe | Exclusive
+Request = KeeperWork | ParityWork | Offload | Breathe | Exclusive
 Plan = Generator[Request, object, T]
 OnBreathe = Callable[[Any], Awaitable[None]]     # given each Breathe's `reached`
 
 # Per trio run (tests run several): the worker limits and the locks.
 _KEEPER = trio.lowlevel.RunVar[trio.CapacityLimiter]("keeper_limiter")
 _PARITY = trio.lowlevel.RunVar[trio.CapacityLimiter]("parity_limiter")
+_OFFLOAD = trio.lowlevel.RunVar[trio.CapacityLimiter]("offload_limiter")
 _LOCKS = trio.lowlevel.RunVar[dict[str, trio.Lock]]("plan_locks")
 PARITY_THREADS = 2      # encodes in flight at once; more would only share the same cores
+OFFLOAD_THREADS = 2     # sleeps and wakes copying at once: each takes a link's bandwidth
 # Parity work this small runs on the loop: about 20 ms with the host's numpy codec, far
 # less on a GPU; a thread would cost more than it saves, and the mount's close(2), which
 # the kernel does not wait for, would see its effects later than it does now.
@@ -139,6 +149,9 @@ async def _perform(request: Request, held: list[tuple[str, trio.Lock]],
                    on_breathe: OnBreathe | None) -> object:
     if isinstance(request, KeeperWork):
         return await _keeper_work(request.rest)
+    if isinstance(request, Offload):
+        limiter = _get(_OFFLOAD, lambda: trio.CapacityLimiter(OFFLOAD_THREADS))
+        return await trio.to_thread.run_sync(request.work, limiter=limiter)
     if isinstance(request, ParityWork):
         await _parity_work(request.job)
     elif isinstance(request, Breathe):
@@ -203,5 +216,7 @@ def run_sync(plan: Plan[T]) -> T:
         try:
             if isinstance(request, KeeperWork) and request.rest is not None:
                 sent = request.rest()
+            elif isinstance(request, Offload):
+                sent = request.work()
         except BaseException as exc:  # noqa: BLE001 - thrown in: the plan cleans up
             thrown = exc

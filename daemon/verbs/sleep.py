@@ -27,6 +27,7 @@ from ..core.permissions import Credentials, W, require
 from ..core.sessions import Session
 from ..core.sizing import Sizing
 from ..core.sleep import Sleep
+from .plan import Offload, Plan
 
 SLEEPABLE = ("ready", "degraded")
 MAX_PARKED = 1024
@@ -43,12 +44,13 @@ class SleepVerbs:
         self.core = sleep
 
     def sleep(self, path: str, cred: Credentials, session: Session,
-              parked: list[int] | None = None) -> dict:
-        """Op `sleep`: the bytes to the host tier, the device memory given back. Needs write
-        permission (it takes the memory away from every reader too)."""
+              parked: list[int] | None = None) -> Plan[dict]:
+        """Op `sleep`: the bytes to the host tier (copied on a worker thread), the device
+        memory given back. Needs write permission (it takes the memory away from every
+        reader too)."""
         alloc = self.ns.lookup_allocation(path, cred)
         require(alloc, cred, W, "put to sleep")
-        if alloc.asleep:
+        if alloc.state == "asleep":
             return self._answer(alloc, cred, 0, 0.0, already=True)
         self._require_sleepable(alloc)
         holders = self._parked(alloc, session, parked or [])
@@ -60,17 +62,33 @@ class SleepVerbs:
                 "(docs/engines.md, \"Sleep and wake\")")
         self.sizing.pending.settle_near(alloc)     # its slot's parity settled first
         began = time.monotonic()
-        moved = self.core.sleep(alloc, cred, holders)
+        move = self.core.begin_sleep(alloc, holders)
+        try:
+            yield Offload(lambda: self.core.copy_out(move))
+            moved = self.core.finish_sleep(move, cred)
+        except BaseException:
+            self.core.abandon_sleep(move)
+            raise
         return self._answer(alloc, cred, moved, time.monotonic() - began)
 
-    def wake(self, path: str, cred: Credentials) -> dict:
-        """Op `wake`: new device memory with the bytes back, each block checked."""
+    def wake(self, path: str, cred: Credentials) -> Plan[dict]:
+        """Op `wake`: new device memory with the bytes back (copied and checked on a worker
+        thread)."""
         alloc = self.ns.lookup_allocation(path, cred)
         require(alloc, cred, W, "wake")
+        if alloc.state in ("sleeping", "waking"):
+            raise InvalidState(f"'{alloc.path}' is {alloc.state} already; try again in a "
+                               "moment", details={"errno": "EAGAIN"})
         if not alloc.asleep:
             return self._answer(alloc, cred, 0, 0.0, already=True)
         began = time.monotonic()
-        found = self.core.wake(alloc, cred)
+        move = self.core.begin_wake(alloc)
+        try:
+            yield Offload(lambda: self.core.copy_in(move))
+            found = self.core.finish_wake(move, cred)
+        except BaseException:
+            self.core.abandon_wake(move)
+            raise
         answer = self._answer(alloc, cred, alloc.size or 0, time.monotonic() - began)
         answer["verify"] = found
         return answer
@@ -104,10 +122,10 @@ class SleepVerbs:
         if alloc.unlinked:
             raise InvalidState(f"'{alloc.path}' has been removed")
         if alloc.state not in SLEEPABLE or alloc.buffer is None:
+            busy = alloc.state in ("restoring", "sleeping", "waking")
             raise InvalidState(f"'{alloc.path}' is {alloc.state}: only an allocation that "
                                "holds its memory (ready or degraded) can sleep",
-                               details={"errno": "EAGAIN" if alloc.state == "restoring"
-                                        else "EINVAL"})
+                               details={"errno": "EAGAIN" if busy else "EINVAL"})
 
     @staticmethod
     def _parked(alloc: Allocation, session: Session, ids: list) -> list[Holder]:
