@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         Totals,
     )
 
-STATES = ("pending", "ready", "degraded", "lost", "restoring")   # docs/design.md
+STATES = ("pending", "ready", "degraded", "lost", "restoring", "asleep")   # docs/design.md
 SNAPSHOT_RESULTS = ("ok", "damaged", "failed", "partial")
 
 
@@ -122,6 +122,8 @@ def _totals(r: Registry, t: Totals) -> None:
     for state, count in by_state.items():
         r.gauge("gpumemd_allocations", "allocations, by state", count, state=state)
     r.gauge("gpumemd_allocations_durable", "durable allocations", t.get("durable"))
+    r.gauge("gpumemd_asleep_bytes", "host memory holding asleep allocations' bytes",
+            t.get("asleep_bytes"))
     r.gauge("gpumemd_allocations_size_bytes", "sum of the allocations' sizes (as asked for)",
             t.get("size"))
     r.gauge("gpumemd_allocations_capacity_bytes", "sum of the capacity (size rounded up to "

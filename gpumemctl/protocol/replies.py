@@ -239,6 +239,7 @@ class Totals(TypedDict):
     size: int
     capacity: int
     by_state: dict[str, int]
+    asleep_bytes: int               # host memory holding asleep allocations' bytes
     sessions: int
     holders: int
 

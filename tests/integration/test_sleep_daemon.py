@@ -38,10 +38,15 @@ def test_sleep_gives_the_memory_back_serves_reads_and_wake_brings_the_bytes(daem
         assert slept["bytes"] == len(data) and not slept["already"]
         assert slept["info"]["state"] == "asleep"
         assert _free(c) - before == slept["info"]["capacity"]
+        assert c.call("status")["totals"]["asleep_bytes"] == len(data)
         assert c.call("sleep", path="w")["already"]          # a second sleep: nothing
     assert daemon.cli_json("info", "w")["state"] == "asleep"
     assert [e["state"] for e in daemon.cli_json("ls", "-l")] == ["asleep"]
     assert daemon.cli("read", "w", check=True).stdout == data      # from the host tier
+    metrics = daemon.cli("metrics", check=True).stdout.decode()
+    assert f"gpumemd_asleep_bytes {len(data)}" in metrics
+    assert 'gpumemd_allocations{state="asleep"} 1' in metrics
+    assert "asleep:" in daemon.cli("status", check=True).stdout.decode()
     with daemon.client() as c:
         woke = c.call("wake", path="w")
         assert woke["info"]["state"] == "ready" and woke["bytes"] == len(data)

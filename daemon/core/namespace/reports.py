@@ -36,6 +36,8 @@ class TreeReports:
             "size": sum(a.size or 0 for a in allocs),
             "capacity": sum(a.capacity or 0 for a in allocs if a.buffer is not None),
             "by_state": by_state,
+            # host memory the asleep ones' bytes wait in (daemon/core/sleep.py)
+            "asleep_bytes": sum(a.tier.size for a in allocs if a.tier is not None),
             "sessions": sessions,
             "holders": sum(len(a.holders) for a in allocs),
         }
@@ -46,11 +48,13 @@ class TreeReports:
         layer's (PackedBackend.pool, .arenas)."""
         ours: dict[str, int] = {}
         for alloc in self.ns.allocations():
-            if alloc.buffer is not None and alloc.device is not None and \
-                    not isinstance(alloc.buffer, Slot):
-                parity = alloc.parity.capacity if alloc.parity is not None and \
-                    not is_span(alloc.parity) else 0          # a span: its arena's
-                ours[alloc.device] = ours.get(alloc.device, 0) + (alloc.capacity or 0) + parity
+            own = alloc.buffer is not None and not isinstance(alloc.buffer, Slot)
+            if alloc.device is None or not (own or alloc.asleep):
+                continue                 # (asleep: its parity stays on the device)
+            parity = alloc.parity.capacity if alloc.parity is not None and \
+                not is_span(alloc.parity) else 0          # a span: its arena's
+            ours[alloc.device] = ours.get(alloc.device, 0) + \
+                (alloc.capacity or 0 if own else 0) + parity
         return ours
 
     def ecc_targets(self, paths: list[str], cred: Credentials, everything: bool
