@@ -56,6 +56,9 @@ def status(json_: bool = False):
     states = ", ".join(f"{n} {st}" for st, n in sorted(t["by_state"].items())) or "none"
     output.data(f"totals:   {t['allocations']} allocations ({states}), {t['durable']} durable, "
                 f"{format_size(t['size'])} in use, {t['sessions']} sessions")
+    if t.get("asleep_bytes"):
+        output.data(f"asleep:   {format_size(t['asleep_bytes'])} in host memory "
+                    "(gpumemctl wake NAME brings it back)")
     output.data(f"scrub:    {s['scrub']['state']}")
 
 
