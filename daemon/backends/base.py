@@ -195,9 +195,9 @@ class Backend(abc.ABC, Generic[BufferT]):
         for offset in range(0, length, COPY_CHUNK):
             self.write(buf, offset, view[offset:offset + min(COPY_CHUNK, length - offset)])
 
-    def host_register(self, addr: int, size: int):
-        """Page-lock host memory for this backend's copies; returns what undoes it. Only
-        the cuda backend has anything to do (HostTier.register)."""
+    def host_register(self, addr: int, size: int, device: str):
+        """Page-lock host memory for this backend's copies to and from `device`; returns
+        what undoes it. Only the cuda backend has anything to do (HostTier.register)."""
         return lambda: None
 
     # ---- ECC: the codec runs where the memory is (daemon/core/parity.py) --------------------

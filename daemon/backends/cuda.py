@@ -373,8 +373,16 @@ class CudaBackend(Backend[CudaBuffer]):
             with cudadrv.context(buf.index):
                 cudadrv.memcpy_htod(self._mapping(buf).ptr, addr, length)
 
-    def host_register(self, addr: int, size: int):
-        return cudadrv.host_register(addr, size)
+    def host_register(self, addr: int, size: int, device: str):
+        """In the device's context: the caller may be a worker thread, with none current."""
+        index = self._by_uuid(device).index
+        with cudadrv.context(index):
+            unregister = cudadrv.host_register(addr, size)
+
+        def undo() -> None:
+            with cudadrv.context(index):
+                unregister()
+        return undo
 
     def ecc(self, op: str, data: CudaBuffer, parity: CudaBuffer, first: int, count: int,
             total: int, parity_offset: int = 0):

@@ -143,6 +143,9 @@ class PackedBackend(Backend):
         self.raw.copy(_memory(src), _memory(dst), length, _base(src) + src_offset,
                       _base(dst) + dst_offset)
 
+    def host_register(self, addr: int, size: int, device: str):
+        return self.raw.host_register(addr, size, device)
+
     def to_host(self, buf, length: int, view: memoryview, addr: int) -> None:
         """A slot by the pieces of Backend.to_host (small); memory of its own at the
         backend's own rate."""

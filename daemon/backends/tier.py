@@ -69,13 +69,13 @@ class HostTier:
             log.debug("MADV_POPULATE_WRITE refused (errno %d): pages made at the copy",
                       ctypes.get_errno())
 
-    def register(self, register) -> None:
-        """Page-lock the mapping with `register(addr, size)`, which returns its undo; a
-        refusal leaves it pageable (the module docstring)."""
+    def register(self, register, device: str) -> None:
+        """Page-lock the mapping with `register(addr, size, device)`, which returns its
+        undo; a refusal leaves it pageable (the module docstring)."""
         if self._unregister is not None or not self.size:
             return
         try:
-            self._unregister = register(self.addr, self.size)
+            self._unregister = register(self.addr, self.size, device)
         except Exception as exc:  # noqa: BLE001 - an optimisation: pageable memory works
             log.info("the host tier stays pageable (%s): its copies run slower", exc)
 

@@ -420,6 +420,26 @@ CUresult cuMemFreeHost(void *ptr) {
     return munmap(p, *(size_t *)p) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
+/* Page-locking existing host memory (the daemon's host tier of an asleep allocation): the
+   fake's copies work on any memory, so it only checks the arguments and the context, and
+   counts what is registered, so that unregistering what never was is an error. */
+static long registered;
+
+CUresult cuMemHostRegister(void *p, size_t size, unsigned int flags) {
+    (void)flags;
+    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!p || !size) return CUDA_ERROR_INVALID_VALUE;
+    registered++;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostUnregister(void *p) {
+    if (current_device() < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!p || registered <= 0) return CUDA_ERROR_INVALID_VALUE;
+    registered--;
+    return CUDA_SUCCESS;
+}
+
 static int objects;          /* streams and events are opaque non-null pointers */
 
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
@@ -478,6 +498,7 @@ static const struct entry table[] = {
     E(cuMemAddressFree), E(cuMemMap), E(cuMemUnmap), E(cuMemSetAccess), E(cuMemcpyHtoD),
     E(cuMemcpyDtoH), E(cuMemcpyDtoD), E(cuMemcpyHtoDAsync), E(cuMemcpyDtoHAsync),
     E(cuMemsetD8), E(cuMemsetD32), E(cuMemHostAlloc), E(cuMemFreeHost), E(cuStreamCreate),
+    E(cuMemHostRegister), E(cuMemHostUnregister),
     E(cuStreamDestroy), E(cuStreamSynchronize), E(cuStreamWaitEvent), E(cuEventCreate),
     E(cuEventRecord), E(cuEventSynchronize), E(cuEventQuery), E(cuEventDestroy),
     E(cuMemGetHandleForAddressRange),

@@ -13,6 +13,7 @@ import pytest
 
 from gpumemctl import Client
 from gpumemctl.protocol import Busy, GpumemError, InvalidState
+from tests import fakecuda
 from tests.harness import wait_for
 from tests.users import HeldAs, run_as
 
@@ -297,3 +298,25 @@ def _attach_and_hold(sock: str):
     c = Client(sock, timeout=30)
     _, fds = c.call_fds("attach", path="shared", mode="r", extents=True)
     return "attached", (c, fds)
+
+
+def test_sleep_and_wake_on_the_cuda_backend(fake_lib, daemon_factory):
+    """The cuda backend's copies (one cuMemcpyDtoH and HtoD of a page-locked host tier,
+    registered on a worker thread in the device's context) on the fake driver: the device's
+    free memory rises, the bytes come back, a durable one survives kill -9 asleep."""
+    d = daemon_factory(backend="cuda", env=fakecuda.env(fake_lib))
+    data = os.urandom(5 * MiB)
+    d.cli("create", "g", "--size", str(len(data)), "--durable", env=d.extra_env, check=True)
+    d.cli("write", "g", "-", input=data, env=d.extra_env, check=True)
+    with d.client() as c:
+        before = _free(c)
+        slept = c.call("sleep", path="g")
+        assert _free(c) - before >= slept["info"]["capacity"]
+    d.kill9()
+    d.start()
+    assert d.cli("read", "g", env=d.extra_env, check=True).stdout == data
+    with d.client() as c:
+        woke = c.call("wake", path="g")
+    assert woke["verify"]["uncorrectable"] == 0 and woke["verify"]["blocks"] > 0
+    assert d.cli("read", "g", env=d.extra_env, check=True).stdout == data
+    assert "stays pageable" not in d.log()      # cuMemHostRegister took it
