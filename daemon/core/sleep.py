@@ -85,7 +85,7 @@ class Sleep:
             crc = self._settle_parity(alloc)
             tier = HostTier.create(alloc.size or 0, alloc.path)
             try:
-                tier.register(self.backend.host_register, alloc.device)
+                tier.register(self.backend.host_register, alloc.device or "")
                 self.backend.to_host(alloc.buffer, tier.size, tier.view, tier.addr)
                 tier.crc = crc if crc is None else zlib.crc32(tier.view)
             except BaseException:
@@ -190,7 +190,7 @@ class Sleep:
         with alloc.parity_lock:
             if alloc.unlinked or tier is None:
                 return                               # removed meanwhile
-            tier.register(self.backend.host_register, alloc.device)
+            tier.register(self.backend.host_register, alloc.device or "")
             self.backend.from_host(move.buf, tier.size, tier.view, tier.addr)
             if not self.backend.fresh_memory_is_zero:
                 self.backend.zero(move.buf, tier.size, move.buf.capacity)
