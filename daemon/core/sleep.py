@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import zlib
 from typing import Any
 
@@ -56,6 +57,13 @@ class Move:
     tier: HostTier | None = None        # a sleep's, once copied
     buf: Any = None                     # a wake's new memory
     found: dict | None = None           # a wake's check
+    # Seconds per step of the copy (the answer's `phases`): where a sleep's time goes.
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def timed(self, phase: str, began: float) -> float:
+        now = time.monotonic()
+        self.phases[phase] = round(self.phases.get(phase, 0.0) + now - began, 6)
+        return now
 
 
 class Sleep:
@@ -82,12 +90,18 @@ class Sleep:
         with alloc.parity_lock:
             if alloc.buffer is None:
                 return                              # removed meanwhile: finish_sleep says so
+            t = time.monotonic()
             crc = self._settle_parity(alloc)
+            t = move.timed("parity", t)
             tier = HostTier.create(alloc.size or 0, alloc.path)
+            t = move.timed("host_memory", t)
             try:
                 tier.register(self.backend.host_register, alloc.device or "")
+                t = move.timed("pin", t)
                 self.backend.to_host(alloc.buffer, tier.size, tier.view, tier.addr)
+                t = move.timed("copy", t)
                 tier.crc = crc if crc is None else zlib.crc32(tier.view)
+                move.timed("check", t)
             except BaseException:
                 tier.close()
                 raise
@@ -190,13 +204,17 @@ class Sleep:
         with alloc.parity_lock:
             if alloc.unlinked or tier is None:
                 return                               # removed meanwhile
+            t = time.monotonic()
             tier.register(self.backend.host_register, alloc.device or "")
+            t = move.timed("pin", t)
             self.backend.from_host(move.buf, tier.size, tier.view, tier.addr)
             if not self.backend.fresh_memory_is_zero:
                 self.backend.zero(move.buf, tier.size, move.buf.capacity)
+            t = move.timed("copy", t)
             alloc.buffer = move.buf
             self.custody.bind(alloc)
             move.found = self._check(alloc, tier, tier.crc is not None)
+            move.timed("check", t)
 
     def finish_wake(self, move: Move, cred: Credentials) -> dict:
         """On the loop: the commit (module docstring), then the host copy goes. Returns what

@@ -69,7 +69,8 @@ class SleepVerbs:
         except BaseException:
             self.core.abandon_sleep(move)
             raise
-        return self._answer(alloc, cred, moved, time.monotonic() - began)
+        return {**self._answer(alloc, cred, moved, time.monotonic() - began),
+                "phases": move.phases}
 
     def wake(self, path: str, cred: Credentials) -> Plan[dict]:
         """Op `wake`: new device memory with the bytes back (copied and checked on a worker
@@ -83,6 +84,7 @@ class SleepVerbs:
             return self._answer(alloc, cred, 0, 0.0, already=True)
         began = time.monotonic()
         move = self.core.begin_wake(alloc)
+        move.timed("allocate", began)
         try:
             yield Offload(lambda: self.core.copy_in(move))
             found = self.core.finish_wake(move, cred)
@@ -91,6 +93,7 @@ class SleepVerbs:
             raise
         answer = self._answer(alloc, cred, alloc.size or 0, time.monotonic() - began)
         answer["verify"] = found
+        answer["phases"] = move.phases
         return answer
 
     def remap(self, session: Session, holder_id: int, cred: Credentials, *,
