@@ -6,6 +6,7 @@ process that maps an attachment may say it let go of it. The client's side (park
 remapping at the same address, the CLI) is tests/integration/test_sleep_client.py's."""
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 
@@ -320,3 +321,24 @@ def test_sleep_and_wake_on_the_cuda_backend(fake_lib, daemon_factory):
     assert woke["verify"]["uncorrectable"] == 0 and woke["verify"]["blocks"] > 0
     assert d.cli("read", "g", env=d.extra_env, check=True).stdout == data
     assert "stays pageable" not in d.log()      # cuMemHostRegister took it
+
+
+def test_the_mount_reads_an_asleep_file_and_refuses_to_write_it(mounted):
+    d = mounted
+    data = os.urandom(3 * MiB)
+    with open(os.path.join(d.mnt, "m"), "wb") as f:
+        f.write(data)
+    with d.client() as c:
+        c.call("sleep", path="m")
+    with open(os.path.join(d.mnt, "m"), "rb") as f:        # from the host tier
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)   # not the page cache
+        assert f.read() == data
+    with pytest.raises(OSError) as err:
+        open(os.path.join(d.mnt, "m"), "r+b")
+    assert err.value.errno == errno.EAGAIN
+    with d.client() as c:
+        c.call("wake", path="m")
+    with open(os.path.join(d.mnt, "m"), "r+b") as f:
+        f.write(b"new")
+    with open(os.path.join(d.mnt, "m"), "rb") as f:
+        assert f.read() == b"new" + data[3:]
