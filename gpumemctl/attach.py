@@ -21,18 +21,41 @@ tensors made by from_dlpack are alive only marks the attachment for detaching: t
 stays mapped, and the lock held, until the last of them is freed. Views made through
 `__cuda_array_interface__` / `__array_interface__` are not counted: do not use them after
 detach(). A read-write attachment leaves the allocation `unsealed` until detach() or seal().
+
+Sleep and wake (gpumemctl/sleepwake.py): park() gives the memory back but keeps its address
+range reserved, and resume() maps the allocation's memory after a wake at the same address, so
+pointers and tensors made before stay valid (while parked, touching them faults). Every live
+attachment is in a registry of this process (`live()`), where Client.sleep finds those of the
+allocations it puts to sleep, whoever made them (gpumemctl.tensors.load's included).
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 import types
+import weakref
 
 from . import dlpack
 from .client import Client
-from .memory import CudaMemory, HostMapping, expect_fds, region_of
-from .protocol import NotRunning, UsageError, out_of_range
+from .hostmap import HostMapping
+from .memory import CudaMemory, expect_fds, region_of
+from .protocol import InvalidState, NotRunning, UsageError, out_of_range
+
+# Every attachment of this process that is not finished, by weak reference: one whose DLPack
+# exports are alive is kept alive by them (gpumemctl/dlpack.py), however it was made.
+_registry: weakref.WeakSet[Attachment] = weakref.WeakSet()
+_registry_lock = threading.Lock()
+
+
+def live(socket_path: str) -> list[Attachment]:
+    """This process's attachments through the daemon at `socket_path` not yet finished
+    (detach() deferred by live exports included). Not those a forked child inherited: they
+    are its parent's holders, which the child cannot speak for."""
+    key, pid = os.path.realpath(socket_path), os.getpid()
+    with _registry_lock:
+        return [a for a in _registry if a._socket_key == key and a._pid == pid]
 
 
 def attach(name: str, mode: str = "r", socket: str | None = None, *,
@@ -71,10 +94,14 @@ class Attachment:
             info["device"]
         self.backend = result.get("backend") or client.hello.get("backend", "host")
         self._client, self._own_client, self._holder = client, own_client, result["handle"]
+        self.socket_path = client.socket_path      # the daemon's, for Client.sleep/wake
+        self._socket_key, self._pid = os.path.realpath(client.socket_path), os.getpid()
         self._lock = threading.Lock()
+        self._map_lock = threading.Lock()   # the mapping's park, resume and close
         self._exports = 0
         self._pending = False          # detach() asked while DLPack exports were alive
         self._detached = False
+        self._parked = False           # park()ed: the address kept, nothing mapped
         self._memory: CudaMemory | HostMapping
         if self.backend == "cuda":
             self._memory = CudaMemory(fds, info, self.writable)
@@ -83,9 +110,11 @@ class Attachment:
                                        region_of(info)[0])
         self.ptr: int = self._memory.ptr
         self.device: int = self._memory.device
+        with _registry_lock:
+            _registry.add(self)
 
     def __repr__(self) -> str:
-        state = "detached" if self._detached else "attached"
+        state = "detached" if self._detached else "parked" if self._parked else "attached"
         return (f"<gpumemctl.Attachment {self.name!r} mode={self.mode} size={self.size} "
                 f"{self.backend} device={self.device} ptr={self.ptr:#x} {state}>")
 
@@ -153,6 +182,51 @@ class Attachment:
     def _require_attached(self) -> None:
         if self._detached or self._pending:
             raise UsageError(f"'{self.name}' has been detached")
+        if self._parked:
+            raise InvalidState(f"'{self.name}' is asleep: Client.wake maps its memory here "
+                               "again (or resume(), where it was woken by another)")
+
+    # ---- sleep and wake (gpumemctl/sleepwake.py) -------------------------------------------
+    @property
+    def parked(self) -> bool:
+        return self._parked
+
+    def park(self) -> int:
+        """Release the mapping but keep its address, so that the allocation may sleep;
+        returns this attachment's holder id, for op `sleep`'s `parked`. Works while a
+        deferred detach waits for the exports (gpumemctl.tensors). Idempotent."""
+        with self._map_lock:
+            with self._lock:
+                if self._detached:
+                    raise UsageError(f"'{self.name}' has been detached")
+                if self._parked:
+                    return self._holder
+                self._parked = True         # no read, write or export from now on
+            try:
+                self._memory.park()
+            except BaseException:
+                with self._lock:
+                    self._parked = False
+                raise
+        return self._holder
+
+    def resume(self) -> None:
+        """Map the allocation's memory now (op `remap`, after a wake) at the address it had:
+        what was made from `ptr` before the sleep sees it again. No-op unless parked."""
+        with self._map_lock:
+            with self._lock:
+                if self._detached or not self._parked:
+                    return
+            result, fds = self._client.call_fds("remap", handle=self._holder, regions=True,
+                                                extents=True)
+            info = result["info"]
+            expect_fds("remap", info, fds)
+            if isinstance(self._memory, CudaMemory):
+                self._memory.remap(fds, info)
+            else:
+                self._memory.remap(fds[0], region_of(info)[0])
+            with self._lock:
+                self.info, self._parked = info, False
 
     def seal(self) -> dict:
         """Declare what this writer wrote complete: the allocation is no longer unsealed
@@ -212,18 +286,20 @@ class Attachment:
         if not finish:
             return
         # The collector may run this while this very thread is inside a request on the same
-        # connection: finishing here would then deadlock on the client's lock. Finish on the
-        # spot only when the connection is idle, else on a helper thread.
-        lock = self._client._lock
-        if lock.acquire(blocking=False):
-            lock.release()
+        # connection, or parks or resumes this attachment: finishing here would then
+        # deadlock on the client's lock or the mapping's. Finish on the spot only when both
+        # are free, else on a helper thread.
+        if _free(self._client._lock) and _free(self._map_lock):
             self._finish()
         else:
             threading.Thread(target=self._finish, name="gpumemctl-detach", daemon=True).start()
 
     def _finish(self) -> None:
+        with _registry_lock:
+            _registry.discard(self)
         try:
-            self._memory.close()
+            with self._map_lock:
+                self._memory.close()        # parked: only the address range goes
         finally:
             try:
                 with contextlib.suppress(NotRunning):   # a dead daemon holds no lock
@@ -237,6 +313,14 @@ class Attachment:
 
     def __exit__(self, *exc) -> None:
         self.detach()
+
+
+def _free(lock) -> bool:
+    """Whether nobody, this thread included, holds `lock` now."""
+    if not lock.acquire(blocking=False):
+        return False
+    lock.release()
+    return True
 
 
 class _Export:

@@ -75,6 +75,7 @@ if TYPE_CHECKING:
         VerifyProgress,
         VerifyResult,
     )
+    from .sleepwake import Slept, Woken
     from .streams import Subscription
 
 
@@ -212,7 +213,7 @@ class Client(BatchCalls):
         if ecc is not None:
             args["ecc"] = ecc
         if metadata is not None:
-            args["metadata"] = _metadata_arg(metadata)
+            args["metadata"] = {key: _text(value) for key, value in metadata.items()}
         return self.call("create", **args)
 
     def mkdir(self, path: str, *, mode: int = DIR_MODE, parents: bool = False) -> Directory:
@@ -277,7 +278,7 @@ class Client(BatchCalls):
                       "durable": durable, "device": device, "force": force,
                       "unsealed": unsealed, "extents": True}
         if metadata is not None:
-            args["metadata"] = _metadata_arg(metadata)
+            args["metadata"] = {key: _text(value) for key, value in metadata.items()}
         result, fds = self.call_fds("refill", **args)
         expect_fds("refill", result["info"], fds)
         backend = result.get("backend") or self.hello.get("backend", "host")
@@ -350,6 +351,16 @@ class Client(BatchCalls):
         belongs to this connection's session."""
         from .attach import attach
         return attach(path, mode, client=self)
+
+    def sleep(self, names: str | list[str]) -> list[Slept]:
+        """Put allocations to sleep, parking this process's attachments (gpumemctl/sleepwake.py)."""
+        from .sleepwake import sleep
+        return sleep(self, names)
+
+    def wake(self, names: str | list[str]) -> list[Woken]:
+        """Wake allocations; this process's attachments see them again where they were."""
+        from .sleepwake import wake
+        return wake(self, names)
 
     def revoke(self, path: str) -> list[Holder]:
         """Take the read handles and read-only attachments of every other session off the
@@ -475,10 +486,6 @@ class Client(BatchCalls):
 def _text(value: str | bytes) -> str:
     """A metadata value as the wire carries it: bytes spelled with surrogateescape."""
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
-
-
-def _metadata_arg(metadata: dict) -> dict:
-    return {key: _text(value) for key, value in metadata.items()}
 
 
 def __getattr__(name: str):

@@ -9,7 +9,7 @@
   when the daemon runs the cuda backend.
 
 Both offer the same operations: read/write of a range as bytes, and read_to/write_from a file
-object with a progress callback.
+object with a progress callback. attach() maps host memory with gpumemctl/hostmap.py.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
 if TYPE_CHECKING:       # imported where used: `gpumemctl ls` loads this module, too
-    import ctypes
     from concurrent.futures import ThreadPoolExecutor
 
     from .protocol.replies import Allocation
@@ -221,56 +220,6 @@ class HostMemory:
         self.map.close()
 
 
-class HostMapping:
-    """A memfd mapped with libc's mmap, so that its address is known (Python's mmap object
-    hides it from read-only mappings). Used by attach() on the host backend. A read-only
-    mapping is PROT_READ: a store through `ptr` kills the process with SIGSEGV."""
-
-    _libc: ctypes.CDLL | None = None
-
-    def __init__(self, fd: int, capacity: int, writable: bool, offset: int = 0):
-        import ctypes
-        libc = self._load_libc()
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-        try:
-            addr = libc.mmap(None, capacity, prot, mmap.MAP_SHARED, fd, offset)
-            err = ctypes.get_errno()
-        finally:
-            os.close(fd)
-        if addr is None or addr == ctypes.c_void_p(-1).value:
-            raise OSError(err, f"mmap of the allocation failed: {os.strerror(err)}")
-        self.ptr, self.capacity, self.writable, self.device = addr, capacity, writable, 0
-
-    @classmethod
-    def _load_libc(cls) -> ctypes.CDLL:
-        import ctypes
-        if cls._libc is None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.mmap.restype = ctypes.c_void_p
-            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                                  ctypes.c_int, ctypes.c_long]
-            libc.munmap.restype = ctypes.c_int
-            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-            cls._libc = libc
-        return cls._libc
-
-    def read(self, offset: int, length: int) -> bytes:
-        import ctypes
-        return ctypes.string_at(self.ptr + offset, length)
-
-    def write(self, offset: int, data) -> None:
-        import ctypes
-        if not self.writable:
-            raise InvalidState("attached read-only: writing is not allowed")
-        src = bytes(data)
-        ctypes.memmove(self.ptr + offset, src, len(src))
-
-    def close(self) -> None:
-        if self.ptr:
-            self._load_libc().munmap(self.ptr, self.capacity)
-            self.ptr = 0
-
-
 # Full-size staging buffers are kept for reuse: pinning 2 x 64 MiB costs tens of ms, as much
 # as moving a GiB, and a process that transfers once usually transfers again. At most
 # MAX_IDLE_STAGERS per device stay pinned while idle (freed at exit).
@@ -331,26 +280,72 @@ class CudaMemory:
         # A slot's fd is its slab's (region_of): the slab is mapped whole, as a CUDA handle
         # maps only from offset 0, and the allocation begins `offset` bytes into it. Memory
         # of several extents: each fd mapped after the one before, into one range.
-        offset, span = region_of(info)
-        sizes = info.get("extents") or [span or self.capacity]
-        handles: list[int] = []
         try:
             self.device = cudadrv.device_index(info["device"])  # type: ignore[arg-type]
-            with cudadrv.context(self.device):
-                for fd in fds:
-                    handles.append(cudadrv.import_fd(fd))
-            self.mapping = cudadrv.Mapping(list(zip(handles, sizes, strict=True)),
-                                           sum(sizes), self.device, writable)
+            pieces = self._import(fds, info)
+            try:
+                self.mapping = cudadrv.Mapping(pieces, sum(n for _, n in pieces),
+                                               self.device, writable)
+            except BaseException:
+                self._release([h for h, _ in pieces])
+                raise
         except (cudadrv.CudaError, ValueError) as exc:
-            if handles:
-                with cudadrv.context(self.device):
-                    for handle in handles:
-                        cudadrv.release(handle)
             raise _client_error(info, exc) from None
         finally:
             for fd in fds:
                 os.close(fd)
+        offset, self._span = region_of(info)
         self.ptr = self.mapping.ptr + offset
+
+    def _import(self, fds: list[int], info: Allocation) -> list[tuple[int, int]]:
+        """(handle, bytes) of each fd (which stays the caller's to close), in order."""
+        span = region_of(info)[1]
+        sizes = info.get("extents") or [span or info["capacity"]]  # type: ignore[list-item]
+        handles: list[int] = []
+        try:
+            with self.cu.context(self.device):
+                for fd in fds:
+                    handles.append(self.cu.import_fd(fd))
+            return list(zip(handles, sizes, strict=True))
+        except BaseException:
+            self._release(handles)
+            raise
+
+    def _release(self, handles: list[int]) -> None:
+        if handles:
+            with self.cu.context(self.device):
+                for handle in handles:
+                    self.cu.release(handle)
+
+    def park(self) -> None:
+        """Give the memory back, keeping the address (Mapping.park). A slot of a slab cannot
+        be parked: its address lies inside a slab that other allocations share."""
+        if self._span is not None:
+            raise InvalidState("a small allocation packed in a slab cannot keep its address "
+                               "while asleep: detach it first")
+        self.mapping.park()
+
+    def remap(self, fds: list[int], info: Allocation) -> None:
+        """Map the allocation's memory now (after a wake: `fds` as attach sends them, closed
+        here) at the address it had."""
+        try:
+            if region_of(info) != (0, None):
+                raise InvalidState(f"'{info.get('path')}' woke as a slot of a slab: it "
+                                   "cannot be mapped at the address it had")
+            if self.cu.device_index(info["device"]) != self.device:  # type: ignore[arg-type]
+                raise InvalidState(f"'{info.get('path')}' woke on another GPU "
+                                   f"({info.get('device')}), away from its address here")
+            pieces = self._import(fds, info)
+            try:
+                self.mapping.remap(pieces)
+            except BaseException:
+                self._release([h for h, _ in pieces])
+                raise
+        except (self.cu.CudaError, ValueError) as exc:
+            raise _client_error(info, exc) from None
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def stager(self, length: int):
         """Staging buffers sized for the first transfer (small reads pin little memory)."""
@@ -484,6 +479,14 @@ class CudaMemory:
                            keep=self._stager.chunk == CUDA_CHUNK)
             self._stager = None
         self.mapping.close()
+
+
+def __getattr__(name: str):
+    """HostMapping, from gpumemctl/hostmap.py (imported when asked for: it loads ctypes)."""
+    if name == "HostMapping":
+        from .hostmap import HostMapping
+        return HostMapping
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _client_error(info: Allocation, exc) -> Exception:

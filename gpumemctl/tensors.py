@@ -215,8 +215,8 @@ class _client:
 # ---- load: the tensors ------------------------------------------------------------------------
 class TensorDict(dict):
     """A dict of tensor name -> zero-copy tensor, with what it came from: `.index` (the
-    TensorIndex), `.attachments` (one gpumemctl.Attachment per shard) and, for
-    `mode="rw"`, `.seal()`."""
+    TensorIndex), `.attachments` (one gpumemctl.Attachment per shard), `.sleep()` and
+    `.wake()`, and, for `mode="rw"`, `.seal()`."""
 
     index: TensorIndex
     attachments: list
@@ -226,6 +226,22 @@ class TensorDict(dict):
         brought up to date); the tensors stay usable and the lock stays held."""
         for a in self.attachments:
             a.seal()
+
+    def sleep(self) -> list:
+        """Put every shard to sleep (gpumemctl/sleepwake.py): the tensors keep their
+        addresses but must not be touched until wake(). Client.sleep's answers."""
+        return self._each_shard("sleep")
+
+    def wake(self) -> list:
+        """Wake every shard: the tensors see the same values at the same addresses."""
+        return self._each_shard("wake")
+
+    def _each_shard(self, op: str) -> list:
+        if not self.attachments:
+            return []
+        from .client import Client
+        with Client(self.attachments[0].socket_path, client_name="gpumemctl.tensors") as c:
+            return getattr(c, op)([a.name for a in self.attachments])
 
 
 def load(name: str, framework: str = "torch", mode: str = "r", *,

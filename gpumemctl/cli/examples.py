@@ -21,6 +21,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
               "tar c dir | gpumemctl write --grow backup/dir.tar -"),
     "read": ("gpumemctl read models/llama copy.bin",
              "gpumemctl read kv/0 --offset 1M --length 4K | xxd | head"),
+    "sleep": ("gpumemctl sleep models/llama", "gpumemctl sleep --json kv/a kv/b"),
+    "wake": ("gpumemctl wake models/llama",),
     "status": ("gpumemctl status", "gpumemctl status --json | jq .devices"),
     "load": ("gpumemctl load model.safetensors models/llama --durable",),
     "save": ("gpumemctl save models/llama copy.safetensors",),

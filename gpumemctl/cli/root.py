@@ -14,7 +14,7 @@ HELP = "Inspect and manage durable GPU memory served by gpumemd."
 # The modules of gpumemctl/cli/ that declare commands, each in its `commands`. The fast path
 # looks a command up in this order, importing no module past the one that has it: the
 # commands scripts run in loops come first.
-MODULES = ("names", "data", "daemon", "integrity", "weights", "meta", "snapshot")
+MODULES = ("names", "data", "daemon", "integrity", "weights", "meta", "snapshot", "sleepwake")
 
 
 def print_version() -> None:

@@ -31,9 +31,9 @@ from .examples import epilog, reflowed, short_help
 # The order `gpumemctl -h` lists the commands in (the man page's too): by what a person
 # looks for first, not by the module that declares each.
 ORDER = ("ls", "create", "mkdir", "rm", "mv", "ln", "resize", "durable", "transient", "info",
-         "revoke", "write", "read", "status", "load", "save", "metrics", "devices", "events",
-         "check", "verify", "recover", "top", "doctor", "scrub", "compact", "snapshot", "meta",
-         "debug")
+         "revoke", "write", "read", "sleep", "wake", "status", "load", "save", "metrics",
+         "devices", "events", "check", "verify", "recover", "top", "doctor", "scrub", "compact",
+         "snapshot", "meta", "debug")
 
 
 def complete_name(ctx: typer.Context, incomplete: str) -> list[tuple[str, str]]:

@@ -369,42 +369,86 @@ class Mapping:
     `size` bytes, or a list of (handle, bytes) laid out in order (an allocation made of
     extents: docs/storage.md, "Mapping one object contiguously"). Each piece is mapped
     from its offset 0 (the driver refuses a non-zero offset into a handle) and unmapped on
-    its own. Owns the handles: close() unmaps, frees the range and releases them."""
+    its own. Owns the handles: close() unmaps, frees the range and releases them.
+
+    park() gives the memory back but keeps the range reserved, and remap() maps other
+    handles there: an allocation put to sleep and woken comes back at the same `ptr`, so
+    pointers into it (and CUDA graphs that captured them) stay valid (gpumemctl/sleepwake.py).
+    """
 
     def __init__(self, pieces: int | list[tuple[int, int]], size: int, index: int,
                  writable: bool):
         self.pieces = [(pieces, size)] if isinstance(pieces, int) else list(pieces)
         self.handle = self.pieces[0][0]
         self.size, self.device, self.writable = size, index, writable
-        if sum(n for _, n in self.pieces) != size:
-            raise ValueError(f"pieces of {sum(n for _, n in self.pieces)} bytes for a "
-                             f"mapping of {size}")
+        self._check(self.pieces)
         with context(index):
             self.ptr = reserve(size, granularity(index))
-            mapped = 0
             try:
-                for handle, n in self.pieces:
-                    map_memory(self.ptr + mapped, n, handle)
-                    mapped += n
-                set_access(self.ptr, size, index, writable)
+                self._map(self.pieces)
             except BaseException:
-                self._unmap(mapped)
                 address_free(self.ptr, size)
                 raise
 
-    def _unmap(self, upto: int) -> None:
+    @property
+    def parked(self) -> bool:
+        """The range is reserved with nothing mapped (between park() and remap())."""
+        return bool(self.ptr) and not self.pieces
+
+    def _check(self, pieces: list[tuple[int, int]]) -> None:
+        if sum(n for _, n in pieces) != self.size:
+            raise ValueError(f"pieces of {sum(n for _, n in pieces)} bytes for a "
+                             f"mapping of {self.size}")
+
+    def _map(self, pieces: list[tuple[int, int]]) -> None:
+        """Map `pieces` in order from ptr and set the access; all or nothing (what was
+        mapped is unmapped again on a failure; the handles stay the caller's then)."""
+        mapped = 0
+        try:
+            for handle, n in pieces:
+                map_memory(self.ptr + mapped, n, handle)
+                mapped += n
+            set_access(self.ptr, self.size, self.device, self.writable)
+        except BaseException:
+            self._unmap(pieces, mapped)
+            raise
+
+    def _unmap(self, pieces: list[tuple[int, int]], upto: int) -> None:
         at = 0
-        for _, n in self.pieces:
+        for _, n in pieces:
             if at >= upto:
                 break
             unmap(self.ptr + at, n)
             at += n
 
+    def park(self) -> None:
+        """Unmap every piece and release its handle, keeping the address range: the memory
+        can go (nothing of this process holds it) and `ptr` stays ours for remap()."""
+        if not self.ptr or not self.pieces:
+            return
+        with context(self.device):
+            self._unmap(self.pieces, self.size)
+            for handle, _ in self.pieces:
+                release(handle)
+        self.pieces, self.handle = [], 0
+
+    def remap(self, pieces: list[tuple[int, int]]) -> None:
+        """Map new handles (owned from now on) at the parked range, one after another, with
+        the access it had. ValueError unless their sizes sum to exactly `size`."""
+        if not self.parked:
+            raise ValueError("remap() of a mapping that is not parked" if self.ptr
+                             else "remap() of a closed mapping")
+        self._check(pieces)
+        with context(self.device):
+            self._map(pieces)
+        self.pieces, self.handle = list(pieces), pieces[0][0]
+
     def close(self, *, release_handle: bool = True) -> None:
+        """Unmap and free the range (parked: only free it), releasing the handles."""
         if not self.ptr:
             return
         with context(self.device):
-            self._unmap(self.size)
+            self._unmap(self.pieces, self.size)
             address_free(self.ptr, self.size)
             if release_handle:
                 for handle, _ in self.pieces:

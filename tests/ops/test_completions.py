@@ -82,7 +82,8 @@ def bash_complete(env: dict, *words: str) -> list[str]:
 
 def test_bash_completes_commands_options_and_names(shell_env):
     assert bash_complete(shell_env, "cre") == ["create"]
-    assert set(bash_complete(shell_env, "s")) == {"status", "scrub", "snapshot", "save"}
+    assert set(bash_complete(shell_env, "s")) == {"status", "scrub", "snapshot", "save",
+                                                  "sleep"}
     assert "--durable" in bash_complete(shell_env, "create", "x", "--d")
     assert bash_complete(shell_env, "rm", "models/l") == ["models/llama"]
     assert set(bash_complete(shell_env, "info", "models/")) == {
