@@ -221,7 +221,8 @@ def cycle(c, cfg: dict, pattern: Pattern, attachment=None) -> dict:
     return {"sleep_wall_s": sleep_wall, "sleep_s": slept.get("seconds"),
             "sleep_bytes": slept.get("bytes"), "wake_wall_s": wake_wall,
             "wake_s": woke.get("seconds"), "wake_bytes": woke.get("bytes"),
-            "verify": verify, "awake": awake, "asleep": asleep, "woken": woken}
+            "verify": verify, "awake": awake, "asleep": asleep, "woken": woken,
+            "sleep_phases": slept.get("phases") or {}, "wake_phases": woke.get("phases") or {}}
 
 
 def phase_cycles(d: core.Daemon, cfg: dict, pattern: Pattern, attached: bool) -> list[dict]:
@@ -321,6 +322,12 @@ def rows_from(fig: dict) -> list[dict]:
             row(f"{step}, {label}: {call}, wall (median of {len(runs)})", moved,
                 med(runs, f"{step}_wall_s"), base)
             row("  the daemon's own seconds", moved, med(runs, f"{step}_s"), base)
+            for phase in runs[0].get(f"{step}_phases") or {}:
+                values = [r[f"{step}_phases"].get(phase) for r in runs]
+                seconds = statistics.median(v for v in values if v is not None)
+                # the copy's rate against the yardstick; the other steps' time only
+                row(f"    {phase}", moved if phase == "copy" else None, seconds,
+                    base if phase == "copy" else None)
             rest = med_rest(runs, step)
             row(f"  the rest: round trip{' and ' + what if what else ''}", None, rest)
     return rows

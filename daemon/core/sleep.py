@@ -38,7 +38,7 @@ from .custody import Custody, Deposit
 from .integrity import Integrity
 from .journal import Journal
 from .nodes import Allocation, Holder
-from .parity import BLOCK, protected_blocks
+from .parity import BLOCK, protected_blocks, unsettled
 from .permissions import Credentials
 
 TIER_META = "asleep"          # the key of a tier deposit's meta that says what it is
@@ -129,12 +129,13 @@ class Sleep:
             move.tier = None
 
     def _settle_parity(self, alloc: Allocation) -> int | None:
-        """Parity the wake can check against: memory of its own encodes every block now (a
-        writer may have written anywhere: its parity is stale by design). A slot: 0, which
-        says "checked by CRC" (its parity goes with the slot)."""
+        """Parity the wake can check against: memory of its own whose parity may be stale by
+        design (written since its sync, or by a writer that maps it: unsettled) encodes
+        every block now; settled parity is current already. A slot: 0, which says "checked
+        by CRC" (its parity goes with the slot)."""
         if self.backend.in_slab(alloc.buffer):
             return 0
-        if alloc.parity is not None:
+        if alloc.parity is not None and unsettled(alloc):
             self.integrity.parity.encode(alloc, 0, protected_blocks(alloc) * BLOCK)
         return None
 
