@@ -339,6 +339,13 @@ def memory_lines(fig: dict) -> list[str]:
         runs = fig.get(key)
         if not runs:
             continue
+        # The first sleep makes and pins its host memory; later ones reuse what the wake
+        # before them let go of (daemon/backends/tier.py, Spares).
+        lines.append(f"{key}, each run: sleep " + ", ".join(
+            f"{r['sleep_wall_s']:.3f} s (host memory "
+            f"{r['sleep_phases'].get('host_memory', 0):.3f}, pin "
+            f"{r['sleep_phases'].get('pin', 0):.3f})" for r in runs) + "; wake " + ", ".join(
+            f"{r['wake_wall_s']:.3f} s" for r in runs))
         r = runs[0]
         for src, label in (("driver_free", "the driver's free memory (cuMemGetInfo)"),
                            ("daemon_free", "the daemon's free bytes"), ("ours", "ours")):

@@ -145,7 +145,7 @@ def build_verbs(c: Core, config: Config) -> Verbs:
         checks=Checks(c.registry, c.keeper, c.ns, c.custody, c.integrity,
                       fault_injection=config.fault_injection),
         service=ServiceVerbs(c.registry, c.journal, c.ns, c.custody, c.adoption, c.integrity,
-                             c.keeper),
+                             c.keeper, c.sleep),
         compaction=CompactionVerbs(c.compactor, c.journal,
                                    min_slack=config.compact_min_slack),
         sleep=SleepVerbs(c.ns, c.backend, c.custody, c.holders, c.sizing, c.sleep))

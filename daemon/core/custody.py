@@ -226,7 +226,7 @@ class Custody:
                 alloc.buffer = None
             self.parity.free(alloc)
             if alloc.tier is not None:    # asleep: its bytes in host memory (core/sleep.py)
-                alloc.tier.close()
+                alloc.tier.release()
                 alloc.tier = None
 
     def _settle_slot(self, alloc: Allocation, buf) -> bool:

@@ -32,7 +32,7 @@ from gpumemctl.protocol import InvalidState, NotFound
 from ..backends.arenas import ParitySpan
 from ..backends.packed import PackedBackend
 from ..backends.slabs import SlotParity, placement
-from ..backends.tier import HostTier
+from ..backends.tier import HostTier, Spares
 from ..registry import Registry
 from .custody import Custody, Deposit
 from .integrity import Integrity
@@ -74,6 +74,7 @@ class Sleep:
         self.backend = backend
         self.custody = custody
         self.integrity = integrity
+        self.spares = Spares()      # tiers wakes let go of, for the next sleeps
 
     # ---- sleep ------------------------------------------------------------------------------
     def begin_sleep(self, alloc: Allocation, parked: list[Holder]) -> Move:
@@ -93,7 +94,8 @@ class Sleep:
             t = time.monotonic()
             crc = self._settle_parity(alloc)
             t = move.timed("parity", t)
-            tier = HostTier.create(alloc.size or 0, alloc.path)
+            tier = self.spares.take(alloc.size or 0) or \
+                HostTier.create(alloc.size or 0, alloc.path)
             t = move.timed("host_memory", t)
             try:
                 tier.register(self.backend.host_register, alloc.device or "")
@@ -103,7 +105,7 @@ class Sleep:
                 tier.crc = crc if crc is None else zlib.crc32(tier.view)
                 move.timed("check", t)
             except BaseException:
-                tier.close()
+                tier.release()
                 raise
             move.tier = tier
 
@@ -125,7 +127,7 @@ class Sleep:
             alloc.state, alloc.awake_state = alloc.awake_state or "ready", None
             self.journal.node_changed(alloc)
         if move.tier is not None:
-            move.tier.close()
+            self.spares.give(move.tier)
             move.tier = None
 
     def _settle_parity(self, alloc: Allocation) -> int | None:
@@ -228,7 +230,7 @@ class Sleep:
         tier, alloc.tier = alloc.tier, None
         if alloc.durable:
             self.custody.withdraw_quietly(-alloc.id)
-        tier.close()
+        self.spares.give(tier)          # for the next sleep, or freed off the loop
         self.journal.node_changed(alloc)
         return found
 

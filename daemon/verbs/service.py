@@ -11,12 +11,14 @@ from ..core.integrity import Integrity
 from ..core.journal import Journal
 from ..core.namespace import Namespace
 from ..core.slabs import IDLE_SECONDS
+from ..core.sleep import Sleep
 from ..registry import Registry
 
 
 class ServiceVerbs:
     def __init__(self, registry: Registry, journal: Journal, namespace: Namespace,
-                 custody: Custody, adoption: Adoption, integrity: Integrity, keeper: Any):
+                 custody: Custody, adoption: Adoption, integrity: Integrity, keeper: Any,
+                 sleep: Sleep):
         """`keeper`: ProcessKeeper or SystemdFdStore (daemon/keeper/link.py)."""
         self.registry = registry
         self.journal = journal
@@ -25,6 +27,7 @@ class ServiceVerbs:
         self.adoption = adoption
         self.integrity = integrity
         self.keeper = keeper
+        self.sleep = sleep
 
     def start(self, orphans: str = "refuse") -> dict:
         """Load the registry, re-adopt durable memory from the keeper, drop what is stale
@@ -44,12 +47,15 @@ class ServiceVerbs:
             self.custody.free(alloc)
         self.custody.slabs.close()
         self.custody.arenas.close()      # after the slabs: their parity is in them
+        self.sleep.spares.close()
         self.keeper.close()
 
     def sweep_slabs(self) -> int:
         """Housekeeping, every 0.2 s: slabs and parity arenas empty for IDLE_SECONDS go
-        (daemon/core/slabs.py, daemon/core/arenas.py)."""
+        (daemon/core/slabs.py, daemon/core/arenas.py), and host tiers no sleep took again
+        (daemon/backends/tier.py, Spares)."""
         self.custody.arenas.retry_owed()
+        self.sleep.spares.sweep()
         return self.custody.slabs.sweep(IDLE_SECONDS) + \
             self.custody.arenas.sweep(IDLE_SECONDS)
 

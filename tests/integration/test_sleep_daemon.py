@@ -127,7 +127,7 @@ def test_removing_an_asleep_allocation_frees_its_host_copy(daemon):
         c.call("sleep", path="r")
     assert _tier_fds(daemon.proc.pid) >= 1       # (Python's mmap holds a dup of it)
     daemon.cli("rm", "r", check=True)
-    assert _tier_fds(daemon.proc.pid) == 0
+    wait_for(lambda: _tier_fds(daemon.proc.pid) == 0, what="the host copy freed")
     daemon.kill9()
     daemon.start()
     daemon.cli("info", "r", check=4)
@@ -342,3 +342,25 @@ def test_the_mount_reads_an_asleep_file_and_refuses_to_write_it(mounted):
         f.write(b"new")
     with open(os.path.join(d.mnt, "m"), "rb") as f:
         assert f.read() == b"new" + data[3:]
+
+
+def test_a_wake_leaves_its_host_memory_for_the_next_sleep(daemon):
+    """An engine switching models wakes one and puts another to sleep: the second sleep
+    reuses the host memory the wake let go of (made and page-locked already), and reads
+    only its own bytes from it, never what the first left past its size."""
+    first, second = os.urandom(4 * MiB), os.urandom(4 * MiB - 12345)
+    _store(daemon, "one", first)
+    _store(daemon, "two", second)
+    with daemon.client() as c:
+        c.call("sleep", path="one")
+        c.call("wake", path="one")
+        assert _tier_fds(daemon.proc.pid) >= 1                # kept as a spare
+        before = _tier_fds(daemon.proc.pid)
+        c.call("sleep", path="two")
+        assert _tier_fds(daemon.proc.pid) == before           # the same memfd, reused
+        assert c.call("status")["totals"]["asleep_bytes"] == len(second)
+    assert daemon.cli("read", "two", check=True).stdout == second
+    with daemon.client() as c:
+        c.call("wake", path="two")
+    assert daemon.cli("read", "two", check=True).stdout == second
+    assert daemon.cli("read", "one", check=True).stdout == first
