@@ -475,15 +475,15 @@ class Integrity:
 
     def job_seal(self, alloc: Allocation) -> ParityJob | None:
         """An attached writer's data is final (seal, detach): all of it is encoded."""
-        if not alloc.unsealed or alloc.unlinked or alloc.parity is None:
-            return None
+        if not alloc.unsealed or alloc.unlinked or alloc.parity is None or alloc.buffer is None:
+            return None      # (asleep: its parity was encoded as it went to sleep)
         return ParityJob(alloc, self.parity, 0, alloc.size or 0, False,
                          (alloc.dirty_from, alloc.dirty_to))
 
     def encode_sealed(self, alloc: Allocation, job: ParityJob | None) -> None:
         """Before a seal commits: the parity of all the data, unless `job` (job_seal's, run
         on a worker thread meanwhile) did it."""
-        if job is None or not job.done:
+        if (job is None or not job.done) and alloc.buffer is not None:     # (see job_seal)
             with alloc.parity_lock:
                 self.parity.encode(alloc, 0, alloc.size or 0)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 
-from gpumemctl.protocol import Busy, Exists, GpumemError, NotFound, UsageError
+from gpumemctl.protocol import Busy, Exists, GpumemError, InvalidState, NotFound, UsageError
 
 from ..backends.packed import PackedBackend
 from ..backends.slabs import placement, region
@@ -29,7 +29,7 @@ from ..core.holders import Holders
 from ..core.integrity import Integrity
 from ..core.journal import Journal
 from ..core.namespace import Namespace
-from ..core.nodes import Allocation
+from ..core.nodes import MOVING, Allocation
 from ..core.permissions import Credentials, R, W, administrative_uid, require
 from ..core.refills import Refill, Refills
 from ..core.sessions import Session
@@ -136,6 +136,10 @@ class RefillVerbs:
         require(alloc, cred, W, "restore over")
         if alloc.state == "restoring":
             raise Busy(f"'{alloc.path}' is being restored by another client")
+        if alloc.state in MOVING:
+            raise InvalidState(f"'{alloc.path}' is {alloc.state}: wake it first (`gpumemctl "
+                               f"wake {alloc.path}`), then restore over it",
+                               details={"errno": "EAGAIN"})
         if alloc.state != "lost" and not force:
             raise Exists(f"'{alloc.path}' exists (state {alloc.state}): restore it under "
                          "another name (--as PREFIX), or over it (--force)")

@@ -22,6 +22,7 @@ from ..protocol import (
 from . import gds
 from . import manifest as fmt
 from .blocks import Progress, Readers, big_chunks, gather, hash_jobs, noop
+from .bycopy import AsleepHandle
 from .catalog import Sources, split_location
 from .manifest import BLOCK
 from .stores import open_store
@@ -70,6 +71,8 @@ def _changed_runs(handle, prior: dict | None, nblocks: int) -> tuple[list, str |
     """The block runs to read: from the daemon's change tracking when it still counts from
     the previous snapshot of this allocation (same token), else all of them. Asked under
     the read handle, so no writer comes between the answer and the read."""
+    if handle.id is None:                    # read by copy (bycopy.py): no tracking
+        return ([(0, nblocks)] if nblocks else []), None
     track = handle.client.call("changes", handle=handle.id, reset=True)
     if prior is not None and track.get("blocks") is not None and \
             track.get("token") is not None and prior.get("track") == track["token"]:
@@ -220,7 +223,7 @@ def _copy_all(client, entries: list[dict], named: bool, store, name: str,
             total -= entry.get("size") or 0
             continue
         try:
-            handle = client.open(entry["path"], "r")
+            handle = _open(client, entry["path"])
         except (Busy, PermissionDenied, InvalidState, NotFound) as exc:
             if named and isinstance(exc, PermissionDenied):
                 raise
@@ -233,10 +236,28 @@ def _copy_all(client, entries: list[dict], named: bool, store, name: str,
             done += n
             progress(done, total, path)
 
-        with handle:
-            allocations.append(_snapshot_one(handle, entry, store, name, index, base,
-                                             sources.trust, advance))
+        try:
+            with handle:
+                one = _snapshot_one(handle, entry, store, name, index, base, sources.trust,
+                                    advance)
+        except InvalidState as exc:            # an asleep one that woke and changed
+            if not isinstance(handle, AsleepHandle):
+                raise
+            skipped.append({"path": entry["path"], "reason": exc.name, "message": str(exc)})
+            continue
+        allocations.append(one)
     return allocations, skipped
+
+
+def _open(client, path: str):
+    """A read handle; for an asleep allocation (no device memory: no fd), a read by copy
+    (bycopy.py)."""
+    try:
+        return client.open(path, "r")
+    except InvalidState as exc:
+        if exc.details.get("by_copy") and exc.details.get("errno") == "EAGAIN":
+            return AsleepHandle(client, path)
+        raise
 
 
 def _carry(sources: Sources, entry: dict, store) -> tuple[dict | None, str]:

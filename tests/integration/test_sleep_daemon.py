@@ -364,3 +364,66 @@ def test_a_wake_leaves_its_host_memory_for_the_next_sleep(daemon):
         c.call("wake", path="two")
     assert daemon.cli("read", "two", check=True).stdout == second
     assert daemon.cli("read", "one", check=True).stdout == first
+
+
+def test_a_snapshot_holds_an_asleep_allocation_read_by_copy(daemon, tmp_path):
+    """An engine's model asleep when the snapshot runs is in it (read by copy from the host
+    tier), not skipped; restored under another name it has its bytes."""
+    data = os.urandom(5 * MiB + 77)
+    _store(daemon, "model", data, "--durable")
+    with daemon.client() as c:
+        c.call("sleep", path="model")
+    store = str(tmp_path / "store")
+    made = daemon.cli_json("snapshot", "create", store)
+    assert [a["path"] for a in made["allocations"]] == ["model"] and not made["skipped"]
+    daemon.cli("snapshot", "restore", store, "--as", "back/", check=True)
+    assert daemon.cli("read", "back/model", check=True).stdout == data
+    assert daemon.cli_json("info", "model")["state"] == "asleep"
+
+
+def test_a_copy_of_an_asleep_allocation_that_woke_and_changed_is_refused(daemon):
+    from gpumemctl.snapshots.bycopy import AsleepHandle
+    _store(daemon, "x", os.urandom(MiB))
+    with daemon.client() as c:
+        c.call("sleep", path="x")
+        handle = AsleepHandle(c, "x")
+        handle.require_unchanged()                       # nothing happened yet
+        c.call("wake", path="x")
+        daemon.cli("write", "x", "-", input=b"changed", check=True)
+        with pytest.raises(InvalidState, match="woke and changed"):
+            handle.require_unchanged()
+
+
+def test_a_restore_over_an_asleep_allocation_is_refused_until_woken(daemon, tmp_path):
+    data = os.urandom(MiB)
+    _store(daemon, "r", data, "--durable")
+    store = str(tmp_path / "store")
+    daemon.cli("snapshot", "create", store, check=True)
+    with daemon.client() as c:
+        c.call("sleep", path="r")
+    err = daemon.cli("snapshot", "restore", store, "--force", check=INVALID).stderr.decode()
+    assert "asleep" in err and "wake" in err
+    assert daemon.cli("read", "r", check=True).stdout == data
+    with daemon.client() as c:
+        c.call("wake", path="r")
+    daemon.cli("snapshot", "restore", store, "--force", check=True)
+    assert daemon.cli("read", "r", check=True).stdout == data
+
+
+def test_a_parked_writer_seals_and_detaches_while_asleep(daemon):
+    """A writer's parity is encoded as its allocation goes to sleep: its seal, or its
+    detach, while asleep commits without touching device memory, and the wake is clean."""
+    data = os.urandom(3 * MiB)
+    _store(daemon, "w", data, "--durable")
+    with daemon.client() as c:
+        attached, fds = c.call_fds("attach", path="w", mode="rw", extents=True)
+        for fd in fds:
+            os.close(fd)
+        c.call("sleep", path="w", parked=[attached["handle"]])
+        assert c.call("seal", path="w")["unsealed"] is False
+        c.call("detach", handle=attached["handle"])
+        info = c.call("info", path="w")
+        assert info["state"] == "asleep" and info["holders"] == []
+        woke = c.call("wake", path="w")
+    assert woke["verify"]["clean"] == woke["verify"]["blocks"] > 0
+    assert daemon.cli("read", "w", check=True).stdout == data
