@@ -91,7 +91,8 @@ async def read(call: Call) -> Reply:
     an fd would let it write (the cuda backend; docs/security.md). At most READ_COPY_BYTES a
     request, so the answer stays small and within the send limits."""
     a = call.args
-    data = call.verbs.data.copy_out(a["path"], call.session.cred, a["offset"], a["length"])
+    data = call.verbs.data.copy_out(a["path"], call.session.cred, a["offset"], a["length"],
+                                    expect_id=a["id"])
     return {"offset": a["offset"], "bytes": len(data),
             "data": base64.b64encode(data).decode("ascii")}, []
 

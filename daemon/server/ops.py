@@ -98,7 +98,8 @@ CREATE = (path(), Arg("size", Kind.INT, what="a size in bytes (an integer)"),
           Arg("ecc", Kind.STR, None), flag("exist_ok"), flag("lease"), METADATA)
 OFFSET = Arg("offset", Kind.INT, 0, what="a byte offset (an integer)")
 READ = (path(), OFFSET, Arg("length", Kind.INT, clamp=(0, READ_COPY_BYTES),
-                            what="a number of bytes (an integer)"))
+                            what="a number of bytes (an integer)"),
+        Arg("id", Kind.INT, None, nullable=True, what="the allocation's id (an integer)"))
 # Many objects at once (daemon/server/batch.py): the list, and the schema of each item, which
 # is checked item by item (an item's bad field is that item's error, not the request's).
 ITEMS = Arg("items", Kind.LIST, what="a list of objects, one per item")

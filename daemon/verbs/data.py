@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from gpumemctl.protocol import NoMemory, UsageError
+from gpumemctl.protocol import NoMemory, NotFound, UsageError
 
 from ..backends import Backend
 from ..core.custody import Custody
@@ -152,10 +152,16 @@ class DataVerbs:
             return alloc.tier.view[offset:end]
         return self.backend.view(alloc.buffer, offset, end - offset)
 
-    def copy_out(self, path: str, cred: Credentials, offset: int, length: int) -> bytes:
+    def copy_out(self, path: str, cred: Credentials, offset: int, length: int,
+                 expect_id: int | None = None) -> bytes:
         """The `read` request: up to `length` bytes at `offset` by copy (clipped to the size),
-        for a caller with read permission; no fd, no holder (as the mount reads)."""
+        for a caller with read permission; no fd, no holder (as the mount reads).
+        `expect_id`: the allocation a reader of many pieces began with (a snapshot's copy
+        of an asleep one): a name given to another meanwhile is refused, not read."""
         alloc = self.ns.lookup_allocation(path, cred)
+        if expect_id is not None and alloc.id != expect_id:
+            raise NotFound(f"'{path}' names another allocation than the one being read "
+                           f"(id {alloc.id}, not {expect_id}): it was renamed or replaced")
         require(alloc, cred, R)
         if not alloc.asleep:          # an asleep one is read from its host tier
             self.custody.require_memory(alloc)

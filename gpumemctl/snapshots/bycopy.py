@@ -5,9 +5,14 @@ does) instead of skipping a durable model because its engine put it to sleep.
 
 A read by copy takes no lock: a wake and a write could land between two pieces. So the
 allocation is looked at again once read: still asleep, and not modified since, or the copy
-is refused (InvalidState) and the allocation skipped and named, as a busy one is."""
+is refused (InvalidState) and the allocation skipped and named, as a busy one is. Each piece
+names the allocation's id (op `read`'s `id`): a name its owner gives to another allocation
+between two pieces (a rename there and back, which a look at the end would not see) is
+refused by the daemon, so root's snapshot never records one allocation's bytes, and owner,
+under another's entry."""
 from __future__ import annotations
 
+from base64 import b64decode
 from collections.abc import Callable
 
 from ..protocol import InvalidState
@@ -22,7 +27,7 @@ class AsleepHandle:
     def __init__(self, client, path: str):
         self.client, self.path, self.id = client, path, None
         self.info = client.info(path)
-        self.memory = CopyReader(client, path)
+        self.memory = CopyReader(client, path, self.info["id"])
 
     def __enter__(self) -> AsleepHandle:
         return self
@@ -43,14 +48,16 @@ class CopyReader:
     """memory.drain by op `read`, READ_COPY_BYTES (a whole number of blocks) at a time."""
     chunk = READ_COPY_BYTES
 
-    def __init__(self, client, path: str):
-        self.client, self.path = client, path
+    def __init__(self, client, path: str, node: int):
+        self.client, self.path, self.node = client, path, node
 
     def drain(self, offset: int, length: int, sink: Callable[[int, memoryview], None]) -> None:
         done = 0
         while done < length:
-            data = self.client.read_copy(self.path, offset + done,
-                                         min(READ_COPY_BYTES, length - done))
+            answer = self.client.call("read", path=self.path, offset=offset + done,
+                                      length=min(READ_COPY_BYTES, length - done),
+                                      id=self.node)
+            data = b64decode(answer["data"])
             if not data:
                 raise InvalidState(f"'{self.path}' ended at {offset + done} bytes while it "
                                    "was copied into the snapshot")

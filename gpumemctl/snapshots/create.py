@@ -240,7 +240,7 @@ def _copy_all(client, entries: list[dict], named: bool, store, name: str,
             with handle:
                 one = _snapshot_one(handle, entry, store, name, index, base, sources.trust,
                                     advance)
-        except InvalidState as exc:            # an asleep one that woke and changed
+        except (InvalidState, NotFound) as exc:   # an asleep one that changed meanwhile
             if not isinstance(handle, AsleepHandle):
                 raise
             skipped.append({"path": entry["path"], "reason": exc.name, "message": str(exc)})

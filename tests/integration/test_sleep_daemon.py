@@ -13,7 +13,7 @@ import os
 import pytest
 
 from gpumemctl import Client
-from gpumemctl.protocol import Busy, GpumemError, InvalidState
+from gpumemctl.protocol import Busy, GpumemError, InvalidState, NotFound
 from tests import fakecuda
 from tests.harness import wait_for
 from tests.users import HeldAs, run_as
@@ -427,3 +427,19 @@ def test_a_parked_writer_seals_and_detaches_while_asleep(daemon):
         woke = c.call("wake", path="w")
     assert woke["verify"]["clean"] == woke["verify"]["blocks"] > 0
     assert daemon.cli("read", "w", check=True).stdout == data
+
+
+def test_a_snapshot_copy_never_reads_another_allocation_under_the_name(daemon):
+    """Root's snapshot reads an asleep allocation piece by piece, by path; its owner
+    renaming another allocation into that name between two pieces (and back) must not get
+    the other's bytes recorded under the entry: each piece names the id it began with."""
+    from gpumemctl.snapshots.bycopy import AsleepHandle
+    _store(daemon, "x", os.urandom(MiB))
+    _store(daemon, "other", os.urandom(MiB))
+    with daemon.client() as c:
+        c.call("sleep", path="x")
+        handle = AsleepHandle(c, "x")
+        c.call("rename", path="x", to="x.away")
+        c.call("rename", path="other", to="x")       # the name now another's
+        with pytest.raises(NotFound, match="another allocation"):
+            handle.memory.drain(0, MiB, lambda at, view: None)
