@@ -23,6 +23,7 @@ from .. import paths
 from ..core.permissions import DAEMON
 from ..verbs import Verbs
 from ..verbs.plan import run, run_sync
+from . import initflags
 from .operations import Operations
 
 log = logging.getLogger("gpumemd")
@@ -108,6 +109,28 @@ def claim_mount_point(path: str) -> None:
     paths.safe_directory(WHAT, path, 0o755)
 
 
+# Experiments with the connection's init flags (issue 29; docs/mount.md, "Init flags"):
+# GPUMEMD_FUSE_INIT="-auto_inval_data,+handle_killpriv" clears and sets libfuse's FUSE_CAP_*
+# flags by name (daemon/fs/initflags.py) at the mount's init; unset, libfuse's defaults.
+INIT_FLAGS_ENV = "GPUMEMD_FUSE_INIT"
+
+
+def init_flags_asked() -> tuple[list[str], list[str]]:
+    """(set, clear) from INIT_FLAGS_ENV; ValueError names an unknown flag."""
+    set_: list[str] = []
+    clear: list[str] = []
+    for item in filter(None, (s.strip() for s in os.environ.get(INIT_FLAGS_ENV, "").split(","))):
+        if item[0] not in "+-" or item[1:] not in initflags.FLAGS:
+            raise ValueError(f"{INIT_FLAGS_ENV}: invalid {item!r}: expected +NAME or -NAME, "
+                             f"NAME one of {', '.join(initflags.FLAGS)}")
+        (set_ if item[0] == "+" else clear).append(item[1:])
+    return set_, clear
+
+
+def _spelled(set_: list[str], clear: list[str]) -> str:
+    return ",".join([f"+{f}" for f in set_] + [f"-{f}" for f in clear])
+
+
 def mount_options() -> set[str]:
     # nodev said outright (libfuse adds it by default today): device nodes on the mount are
     # metadata only, and must never open a device (docs/mount.md, docs/security.md).
@@ -146,6 +169,14 @@ class Mount:
         is a plain start-up error)."""
         claim_mount_point(self.path)
         try:
+            set_, clear = init_flags_asked()
+        except ValueError as exc:
+            raise MountError(str(exc)) from None
+        why = initflags.want(set_, clear)
+        if why and (set_ or clear):
+            log.warning("FUSE init flags %s cannot be asked for: %s", _spelled(set_, clear),
+                        why)
+        try:
             pyfuse3.init(self.ops, self.path, mount_options())
         except RuntimeError as exc:
             raise MountError(f"cannot mount {self.path}: {exc}; {why_no_mount()}") from None
@@ -158,6 +189,7 @@ class Mount:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._settle_stragglers)
+                nursery.start_soon(_log_init_flags)
                 nursery.start_soon(self._tune_readahead)
                 nursery.start_soon(self._settle_parity)
                 task_status.started()
@@ -223,3 +255,15 @@ def why_no_mount(device: str = "/dev/fuse") -> str:
     if os.geteuid() != 0 and shutil.which("fusermount3") is None:
         return "fusermount3 is not on PATH: a non-root gpumemd needs it (apt install fuse3)"
     return "gpumemctl doctor checks what a mount needs and says the fix"
+
+
+async def _log_init_flags() -> None:
+    """Once the kernel's init has come (the first requests follow the mount at once): what
+    it offered and what the daemon asked for (initflags.negotiated)."""
+    await trio.sleep(0.5)
+    got = initflags.negotiated()
+    if "want" in got:
+        log.info("FUSE init: asked for %s (offered %s)", ",".join(got["want"]),
+                 ",".join(got["capable"]))
+    else:
+        log.info("FUSE init flags: %s", got["unavailable"])
