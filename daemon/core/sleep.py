@@ -167,17 +167,22 @@ class Sleep:
         """After the commit: a slot goes with its parity (its slab's); memory of its own
         goes, its parity stays for the wake to check against."""
         if self.backend.in_slab(alloc.buffer):
-            tier, alloc.tier = alloc.tier, None     # (Custody.free closes a tier)
-            try:
-                self.custody.free(alloc)
-            finally:
-                alloc.tier = tier
+            self._free_slot(alloc)
         else:
             with alloc.parity_lock:
                 buf, alloc.buffer = alloc.buffer, None
                 if buf is not None:
                     self.backend.free(buf)
         self.journal.node_changed(alloc)
+
+    def _free_slot(self, alloc: Allocation) -> None:
+        """A slot and its parity go (Custody.free), the host tier stays: Custody.free would
+        close it too, as a removal must."""
+        tier, alloc.tier = alloc.tier, None
+        try:
+            self.custody.free(alloc)
+        finally:
+            alloc.tier = tier
 
     def tier_deposit(self, alloc: Allocation, tier: HostTier) -> Deposit:
         """What the keeper holds of an asleep durable allocation: the tier's fd, and its
@@ -240,11 +245,7 @@ class Sleep:
         with alloc.parity_lock:
             if move.buf is not None and alloc.buffer is move.buf:
                 if self.backend.in_slab(move.buf):
-                    tier, alloc.tier = alloc.tier, None
-                    try:
-                        self.custody.free(alloc)     # the slot, and the parity made for it
-                    finally:
-                        alloc.tier = tier
+                    self._free_slot(alloc)           # the slot, and the parity made for it
                 else:
                     self.custody.free_memory(move.buf)
                 alloc.buffer = None
