@@ -33,6 +33,21 @@ def writable(flags: int) -> bool:
     return flags & os.O_ACCMODE != os.O_RDONLY
 
 
+# How a write-only open goes (issue 29; docs/mount.md, "Through the page cache"): direct I/O
+# (the default), or through the page cache like every other open, so that what a bulk writer
+# wrote is read back from the cache: GPUMEMD_MOUNT_WRITE_ONLY=cached, for experiments.
+WRITE_ONLY_ENV = "GPUMEMD_MOUNT_WRITE_ONLY"
+
+
+def write_only_direct() -> bool:
+    """Whether write-only opens use direct I/O (WRITE_ONLY_ENV; ValueError names a bad
+    value)."""
+    value = os.environ.get(WRITE_ONLY_ENV, "direct")
+    if value not in ("direct", "cached"):
+        raise ValueError(f"{WRITE_ONLY_ENV}: invalid {value!r}: expected direct or cached")
+    return value == "direct"
+
+
 class FileHandle:
     """A file open on the mount: its holder, and who opened it. FUSE tells the filesystem
     nothing of the process behind a write, so the opener stands in for the writer when a
@@ -55,6 +70,7 @@ class Files:
         self.v = verbs
         self.session = session          # the daemon's session: mount handles belong to it
         self.kernel = kernel
+        self.write_only_direct = write_only_direct()
 
     def open_new(self, alloc: Allocation, cred: Credentials, flags: int) -> FileHandle:
         """The handle of a file the request itself created: nothing to truncate or note."""
@@ -80,7 +96,7 @@ class Files:
         a bulk writer (`cp`, `dd of=`) then sends whole 1 MiB writes straight to the device
         memory instead of copying each page through the cache first. The kernel drops the
         cached pages of the range such a write covers (docs/mount.md, "Consistency")."""
-        if flags & os.O_ACCMODE == os.O_WRONLY:
+        if flags & os.O_ACCMODE == os.O_WRONLY and self.write_only_direct:
             self.kernel.pages.keep(alloc.id, None)      # cached pages of others may be old
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
         keep = self.kernel.pages.keep(alloc.id, self.v.queries.cache_generation(alloc))

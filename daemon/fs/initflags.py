@@ -53,6 +53,7 @@ def load() -> None:
         return
     for name in ("gpumem_fuse_capable", "gpumem_fuse_wanted"):
         getattr(lib, name).restype = ctypes.c_uint
+    lib.gpumem_fuse_answered.restype = ctypes.c_ulong
     lib.gpumem_fuse_want.argtypes = [ctypes.c_uint, ctypes.c_uint]
     _lib, _why = lib, ""
 
@@ -82,6 +83,12 @@ def negotiated() -> dict:
         return {"unavailable": "the kernel's init has not come yet"}
     return {"capable": _names(_lib.gpumem_fuse_capable()),
             "want": _names(_lib.gpumem_fuse_wanted())}
+
+
+def answered_here() -> int | None:
+    """How many GETXATTRs of names outside `user.` the library answered itself (ENODATA,
+    without a trip through pyfuse3 and the event loop), or None without the library."""
+    return _lib.gpumem_fuse_answered() if _lib is not None else None
 
 
 def _mask(names: list[str]) -> int:

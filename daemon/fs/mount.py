@@ -24,6 +24,7 @@ from ..core.permissions import DAEMON
 from ..verbs import Verbs
 from ..verbs.plan import run, run_sync
 from . import initflags
+from .files import write_only_direct
 from .operations import Operations
 
 log = logging.getLogger("gpumemd")
@@ -109,21 +110,30 @@ def claim_mount_point(path: str) -> None:
     paths.safe_directory(WHAT, path, 0o755)
 
 
-# Experiments with the connection's init flags (issue 29; docs/mount.md, "Init flags"):
-# GPUMEMD_FUSE_INIT="-auto_inval_data,+handle_killpriv" clears and sets libfuse's FUSE_CAP_*
-# flags by name (daemon/fs/initflags.py) at the mount's init; unset, libfuse's defaults.
+# The connection's init flags (issue 29; docs/mount.md, "Init flags"): libfuse's defaults
+# but `auto_inval_data`, which would drop a file's cached pages whenever its modification
+# time moves, that is after every write through the mount. The daemon drops them itself when
+# another path changes the bytes (daemon/fs/cache.py). For experiments,
+# GPUMEMD_FUSE_INIT="+auto_inval_data,-splice_read" sets and clears FUSE_CAP_* flags by name
+# (daemon/fs/initflags.py) over these.
+DEFAULT_CLEAR = ("auto_inval_data",)
 INIT_FLAGS_ENV = "GPUMEMD_FUSE_INIT"
 
 
 def init_flags_asked() -> tuple[list[str], list[str]]:
-    """(set, clear) from INIT_FLAGS_ENV; ValueError names an unknown flag."""
+    """(set, clear): DEFAULT_CLEAR, then INIT_FLAGS_ENV's changes; ValueError names an
+    unknown flag."""
     set_: list[str] = []
-    clear: list[str] = []
+    clear: list[str] = list(DEFAULT_CLEAR)
     for item in filter(None, (s.strip() for s in os.environ.get(INIT_FLAGS_ENV, "").split(","))):
         if item[0] not in "+-" or item[1:] not in initflags.FLAGS:
             raise ValueError(f"{INIT_FLAGS_ENV}: invalid {item!r}: expected +NAME or -NAME, "
                              f"NAME one of {', '.join(initflags.FLAGS)}")
-        (set_ if item[0] == "+" else clear).append(item[1:])
+        name = item[1:]
+        for other in (set_, clear):
+            if name in other:
+                other.remove(name)
+        (set_ if item[0] == "+" else clear).append(name)
     return set_, clear
 
 
@@ -161,6 +171,10 @@ class Mount:
 
     def __init__(self, verbs: Verbs, path: str):
         self.verbs, self.path = verbs, os.path.abspath(path)
+        try:
+            write_only_direct()
+        except ValueError as exc:
+            raise MountError(str(exc)) from None
         self.session = verbs.handles.open_session(DAEMON, client="mount")
         self.ops = Operations(verbs, self.session)
 
@@ -173,7 +187,7 @@ class Mount:
         except ValueError as exc:
             raise MountError(str(exc)) from None
         why = initflags.want(set_, clear)
-        if why and (set_ or clear):
+        if why and (set_ or clear) and os.environ.get(INIT_FLAGS_ENV):
             log.warning("FUSE init flags %s cannot be asked for: %s", _spelled(set_, clear),
                         why)
         try:
@@ -238,7 +252,8 @@ class Mount:
             run_sync(self.verbs.handles.settle_parity())
         except GpumemError as exc:        # durable files keep WRITING: rebuilt at the start
             log.warning("parity of files closed on the mount left pending: %s", exc)
-        log.info("unmounted %s", self.path)
+        log.info("unmounted %s (%s GETXATTRs of names outside user.* answered by the "
+                 "init-flags library)", self.path, initflags.answered_here())
 
 
 def why_no_mount(device: str = "/dev/fuse") -> str:
