@@ -26,6 +26,7 @@ import trio
 from gpumemctl.protocol import GpumemError, UsageError, default_socket, default_state_dir
 
 from . import config, paths, systemd
+from . import signals as stop_signals
 from .backends import BackendUnavailable, choose_backend
 from .collector import gc_paused, tune_gc
 from .compose import Config, build, start
@@ -290,7 +291,7 @@ async def run_daemon(verbs: Verbs, server: Server, mount: Mount | None, *,
     """Serve until SIGTERM/SIGINT. `restore_from`: restore_on_start's snapshot_dir;
     `snapshot_to`: snapshot_on_stop's (daemon/services/autosnap.py); `log_lines`: the log's
     per-client budget, whose summaries are written once a minute (daemon/logbudget.py)."""
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with stop_signals.receiver() as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(background, "group commit",
                                GroupCommit(verbs.checks, registry).run)
@@ -330,6 +331,7 @@ async def run_daemon(verbs: Verbs, server: Server, mount: Mount | None, *,
 
 
 def main(argv=None) -> int:
+    stop_signals.block()      # before any thread: daemon/signals.py says why
     args = parse_args(argv)
     try:   # before anything is touched: a bad file changes nothing
         config.apply(args, config.load(args.config))
@@ -467,10 +469,9 @@ def _main(args, lines: ClientLines | None = None) -> int:
                     admin_gid=args.admin_group, health=HealthMonitor(verbs))
     mount = Mount(verbs, mount_path) if mount_path else None
     # The event loop shares the GIL with worker threads that encode parity (a plan's
-    # ParityWork, daemon/verbs/plan.py):
-    # at each system call it gives the GIL up, and CPython makes it wait a whole switch
-    # interval to take it back from a busy thread. 5 ms by default, several times per
-    # request; 0.5 ms keeps a request's wait small at a small cost to the workers.
+    # ParityWork, daemon/verbs/plan.py): at each system call it gives the GIL up, and
+    # CPython makes it wait a whole switch interval to take it back from a busy thread.
+    # 5 ms by default, several times per request; 0.5 ms keeps a request's wait small.
     sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         if mount is not None:

@@ -246,6 +246,8 @@ def main(argv=None) -> int:
     parser.add_argument("--detach", action="store_true",
                         help="fork into the background once the socket listens")
     args = parser.parse_args(argv)
+    # gpumemd blocks its stop signals (daemon/signals.py), and a child inherits the mask.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM, signal.SIGINT))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     raise_open_file_limit()       # every fd of durable memory is one of ours
