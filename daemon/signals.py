@@ -1,10 +1,11 @@
 """The stop signals (SIGTERM, SIGINT), received whatever the C libraries do to their handlers.
 
 A process's signal dispositions are shared by its threads, and libraries loaded into
-gpumemd change them behind Python's back: on the GPU machine (an H200, driver 580) the
-CUDA driver's and NVRTC's first calls on a worker thread install a handler of their own for
-SIGTERM and later put back the one they found. When that window overlaps the moment the
-daemon installs its own, what they put back is the default, and the next SIGTERM killed
+gpumemd change them behind Python's back: on the GPU machine (an H200, driver 580), while
+the GPU libraries made their first calls on worker threads (the NVRTC compile of the ECC
+kernels with the CUDA driver's init, NVML's), SIGTERM's handler was seen to change to a
+library's own and back to what it had found. When that window overlapped the moment the
+daemon installed its own, what was put back was the default, and the next SIGTERM killed
 gpumemd outright (exit -15: no clean stop, no snapshot_on_stop, the mount left behind).
 
 So the stop signals are never left to a handler. `block()`, the first thing gpumemd does
