@@ -24,7 +24,10 @@ end of gpumemd's log on stderr), 130 on Ctrl-C. What each row means: bench/READM
      (phase_pinned, best of 2); on host bench/snapshot.py's dd copy of the file into /dev/shm.
   3. `gpumemctl load FILE NAME --durable --ecc none` and `--ecc rs` (the installed CLI, --json):
      GB/s from the command's own `seconds` and from the process's wall time, best of
-     --load-runs. Target: >= 0.8x the yardstick.
+     --load-runs, and where the command's seconds went (create, copy, finish). Target: >=
+     0.8x the yardstick. Before them one load into the fresh daemon, on a row of its own: a
+     GPU's first use of memory is slower (26 against 40 GB/s on an H200), which would
+     otherwise fall on whichever row came first.
   4. A fresh process (`python -c`) per run, --runs times (after one warm-up), alternating:
      `import gpumemctl.tensors` + `gpumemctl.tensors.load(NAME, framework)` + reading one
      element of the last tensor, against `import safetensors.torch` +
@@ -229,7 +232,8 @@ def phase_load(d: core.Daemon, model: dict, ecc: str, runs: int, device: int | N
                          f"{result.get('tensors')} tensors; the file has {model['bytes']} "
                          f"and {model['tensors']}")
         copy_s = result.get("copy_seconds") or 0.0
-        results.append({"seconds": result["seconds"], "wall_s": wall,
+        steps = _steps(result)
+        results.append({"seconds": result["seconds"], "wall_s": wall, "steps": steps,
                         "copy_s": copy_s, "copy_gbps": gbps(model["bytes"], copy_s)
                         if copy_s else 0.0,
                         "gbps": gbps(model["bytes"], result["seconds"]),
@@ -238,7 +242,19 @@ def phase_load(d: core.Daemon, model: dict, ecc: str, runs: int, device: int | N
     return {"ecc": ecc, "runs": results, "gbps": best["gbps"], "seconds": best["seconds"],
             "wall_gbps": max(r["wall_gbps"] for r in results),
             "wall_s": min(r["wall_s"] for r in results),
-            "copy_gbps": best["copy_gbps"]}
+            "copy_gbps": best["copy_gbps"], "steps": best["steps"]}
+
+
+def _steps(result: dict) -> dict:
+    """Where the command's seconds went, summed over its allocations: `create` (the refill:
+    memory, parity, mapping it here), `copy` (the file's bytes to the memory, parity reports
+    included), `finish` (the close: the parity not encoded during the copy, the commit, a
+    durable one's deposit)."""
+    out = {"create": 0.0, "copy": 0.0, "finish": 0.0}
+    for alloc in result.get("allocations") or []:
+        for step in out:
+            out[step] += (alloc.get("seconds") or {}).get(step) or 0.0
+    return out
 
 
 # ---- fresh processes ----------------------------------------------------------------------------
@@ -386,6 +402,11 @@ def rows_from(fig: dict) -> list[dict]:
 
     base_short = "pinned H->D" if cuda else "tmpfs dd"
     row(f"baseline: {base['what']}", gb(base["gbps"]))
+    if "load_cold" in fig:
+        cold = fig["load_cold"]
+        row(f"first gpumemctl load {size} into a fresh gpumemd, --ecc none (not timed "
+            "below: the device's first use of that memory)", gb(cold["gbps"]),
+            "", f"{cold['gbps'] / base['gbps']:.2f}x")
     for ecc in ("none", "rs"):
         ld = fig[f"load_{ecc}"]
         ratio = ld["gbps"] / base["gbps"]
@@ -399,6 +420,10 @@ def rows_from(fig: dict) -> list[dict]:
                 gb(ld["copy_gbps"]), "", f"{ld['copy_gbps'] / base['gbps']:.2f}x")
         row("  whole process, start-up included (wall time)", gb(ld["wall_gbps"]),
             "", f"{ld['wall_gbps'] / base['gbps']:.2f}x")
+        if ld.get("steps"):
+            st = ld["steps"]
+            row("  the command's seconds: create / copy / finish",
+                " / ".join(ms(st[k]) for k in ("create", "copy", "finish")))
 
     fr = fig["fresh"]
     t, s = fr["tensors"], fr["safetensors"]
@@ -539,6 +564,9 @@ def run_all(d: core.Daemon, fig: dict, shm: str) -> None:
     except AssertionError as exc:      # the harness's: gpumemd exited, or never served
         raise Failed(f"gpumemd --backend {c['backend']} did not start: {exc}") from None
     fw, be, dev = c["framework"], c["backend"], c["device"]
+    # The first load into a fresh daemon is slower on a GPU (its first use of that device
+    # memory): once, on its own row, so that the rows below compare like with like.
+    fig["load_cold"] = phase_load(d, model, "none", 1, device, keep=False)
     fig["load_none"] = phase_load(d, model, "none", c["load_runs"], device, keep=True)
     fig["fresh"] = phase_fresh(d, model, fw, be, dev, c["runs"])
     fig["checks"] = []

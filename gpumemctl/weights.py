@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from . import localfiles
+from . import localfiles, refillreport
 from .protocol import Exists, NotFound, UsageError
 from .protocol.framing import MAX_REQUEST_BYTES
 from .tensors import HEADER_KEY, INDEX_KEY, parse_header
@@ -244,23 +244,32 @@ def _fill(c, shard: Shard, durable: bool, device: str | None, mode: int,
     except UsageError as exc:
         raise _too_large(shard.src, "header", len(shard.header.encode()), exc) from None
     done = 0
+    reporter: refillreport.Reporter | None = None     # the parity encoded as it copies
 
     def moved(n: int) -> None:
         nonlocal done
         done = n
         advance(n)
+        if reporter is not None:
+            reporter.advance(n)
 
     made = time.monotonic()
     try:
+        reporter = refillreport.start(handle)
         with localfiles.open_input(shard.src) as src:
             src.seek(shard.data_offset)
             too_long = handle.memory.write_from(src, 0, handle.size, moved)
-        if done:
-            handle._note_write(0, done)
+        # The close encodes the parity of what was not reported (all of it, without reports)
+        rest = reporter.finish() if reporter is not None else [[0, done]]
+        reporter = None
+        for start, end in rest:
+            handle._note_write(start, min(end, done) - start)
         if too_long or done != shard.data_len:
             raise UsageError(f"{shard.src}: changed while it was loaded ({done} bytes of "
                              f"tensors read, {shard.data_len} expected)")
     except BaseException:
+        if reporter is not None:
+            reporter.finish()         # its thread uses the connection: done before the close
         _abandon(handle)
         raise
     return handle, {"create": round(made - began, 6),

@@ -67,6 +67,8 @@ class Parity:
         self.arenas: Arenas | None = None
         # Pieces of about 10 ms: the host's numpy codec does ~100-200 MB/s, a GPU ~1 TB/s.
         self.chunk_blocks = chunk_blocks or (8 if backend.name == "host" else 8192)
+        if backend.name == "cuda":
+            _prebuild_codec(backend)
 
     # ---- the parity buffer --------------------------------------------------------------
     def size_for(self, alloc: Allocation) -> int:
@@ -252,6 +254,17 @@ class Parity:
         return {"blocks": count, "clean": clean, "corrected": corrected,
                 "uncorrectable": uncorrectable, "symbols": symbols,
                 "damaged": [] if repair else damaged}
+
+
+def _prebuild_codec(backend) -> None:
+    """The GPU codec's kernels compiled into the state directory's cache at start-up, on a
+    thread (daemon/ecc/gpu.py, `prebuild`), not on the event loop at the first rs work."""
+    from ..ecc.gpu import prebuild
+    try:
+        raw = getattr(backend, "raw", backend)      # the packing layer's own is not set
+        prebuild([d.index for d in backend.devices()], raw.ecc_cache_dir)
+    except Exception as exc:  # noqa: BLE001 - only a head start: the first use compiles
+        log.debug("ECC kernels not prebuilt: %s", exc)
 
 
 def neighbours_unsettled(alloc: Allocation) -> bool:

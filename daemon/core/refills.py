@@ -25,6 +25,7 @@ from gpumemctl.protocol import UsageError
 from ..registry import Registry
 from .custody import Custody
 from .describe import describe
+from .earlyparity import EarlyParity
 from .integrity import Integrity
 from .journal import Journal
 from .lifecycle import Lifecycle
@@ -44,6 +45,9 @@ class Refill:
     created: bool           # made by this restore: removed if it does not complete
     durable: bool           # what the snapshot says it was
     unsealed: bool
+    # The bytes its client reported final while writing, and the parity encoded from them
+    # (op `refill_written`, daemon/core/earlyparity.py); None until the first report.
+    early: EarlyParity | None = None
 
 
 class Refills:

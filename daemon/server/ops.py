@@ -28,7 +28,7 @@ from gpumemctl.protocol.defaults import (
 )
 
 from ..verbs.refill import REPORT_ACTIONS, REPORT_RESULTS
-from . import allocations, batch, compaction, sleep, status, streams, verify
+from . import allocations, batch, compaction, refilling, sleep, status, streams, verify
 from .call import Call, Reply
 from .schema import REQUIRED, Arg, Kind
 from .transport import Connection
@@ -146,6 +146,10 @@ OPS: dict[str, Op] = {op.name: op for op in (
                   flag("durable"), Arg("device", Kind.DEVICE, None), flag("force"),
                   flag("unsealed"), METADATA, flag("extents")),
        allocations.refill),
+    # Issue 29: a refill's written bytes, reported while it writes, encoded meanwhile.
+    Op("refill_written", (HANDLE, Arg("ranges", Kind.LIST,
+                                      what="a list of [start, end] byte ranges")),
+       refilling.refill_written),
     Op("changes", (HANDLE, flag("reset")), allocations.changes),
     Op("snapshot_report", (Arg("action", Kind.STR, REQUIRED, choices=REPORT_ACTIONS),
                            Arg("snapshot", Kind.STR, ""),

@@ -14,27 +14,33 @@ allocation is never served as whole. How a refill ends is daemon/core/refills.py
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from gpumemctl.protocol import Busy, Exists, GpumemError, InvalidState, NotFound, UsageError
 
 from ..backends.packed import PackedBackend
-from ..backends.slabs import placement, region
+from ..backends.slabs import Slot, placement, region
 from ..core import usermeta
 from ..core.creation import Creation, NewAllocation, Request
 from ..core.custody import Custody, require_extents_mapped
 from ..core.describe import describe
+from ..core.earlyparity import EarlyParity
 from ..core.holders import Holders
-from ..core.integrity import Integrity
+from ..core.integrity import Integrity, ParityJob
 from ..core.journal import Journal
 from ..core.namespace import Namespace
 from ..core.nodes import MOVING, Allocation
+from ..core.parity import BLOCK
 from ..core.permissions import Credentials, R, W, administrative_uid, require
 from ..core.refills import Refill, Refills
 from ..core.sessions import Session
 from ..core.sizing import Sizing
 from ..registry import Registry
+from .plan import ParityWork, Plan
+
+log = logging.getLogger("gpumemd")
 
 
 class RefillVerbs:
@@ -115,6 +121,41 @@ class RefillVerbs:
         if (where := region(alloc.buffer)) is not None:   # a slot: the client maps its place
             info["region"] = where  # type: ignore[typeddict-unknown-key]
         return holder, fds, info
+
+    def report_written(self, session: Session, holder_id: int, ranges: object) -> Plan[dict]:
+        """Op `refill_written`: the client of a refill handle says the bytes of `ranges`
+        are written and final. The parity of every block they touch whose bytes have all
+        been reported (by them and earlier reports) is encoded now, from the bytes as they
+        are, on a worker thread, while the client goes on writing, so that the close
+        encodes only the rest (its `written`). Answered once that is done: `encoded`,
+        every byte range whose parity is encoded so far. A byte written after its last
+        report, and not named by the close's `written`, keeps parity that does not match
+        it, in this allocation only: the client's own word, as a close's `written` is
+        (docs/protocol.md, "Snapshots"). Nothing is encoded early without rs
+        parity, or for a slot (its parity is its slab's, encoded whole at the close)."""
+        holder = self.holders.find(session, holder_id, ("write",), "refill handle")
+        refill = self.refills.of(holder.id)
+        if refill is None:
+            raise UsageError(f"handle {holder_id} is not a refill handle: only a refill's "
+                             "written bytes are reported before its close")
+        alloc = refill.alloc
+        early = refill.early = refill.early or EarlyParity(alloc.size or 0)
+        runs = early.report(early.check(ranges))
+        if not _encodes_early(alloc):
+            return {"encoded": []}
+        for first, stop in runs:
+            job = ParityJob(alloc, self.integrity.parity, first * BLOCK, stop * BLOCK,
+                            False, (alloc.dirty_from, alloc.dirty_to))
+            yield ParityWork(job)
+            if self.refills.of(holder_id) is not refill or alloc.parity is None:
+                raise NotFound(f"'{alloc.path}': its refill ended while its parity was "
+                               "encoded")
+            if not job.done:    # small, or it failed on a worker: here, errors and all
+                job.run()
+            early.mark(first, stop)
+            log.debug("'%s': parity of blocks %d-%d encoded ahead of its close", alloc.path,
+                      first, stop - 1)
+        return {"encoded": early.encoded_bytes()}
 
     def _check_new(self, path: str, cred: Credentials, request: Request) -> NewAllocation:
         """A missing name: where its allocation goes (Creation.check)."""
@@ -201,6 +242,13 @@ class RefillVerbs:
     def unqueue_restores(queued: list[Allocation]) -> None:
         for alloc in queued:
             alloc.restore_queued = False
+
+
+def _encodes_early(alloc: Allocation) -> bool:
+    """Whether a refill's reports encode parity before its close: rs parity of its own
+    (a slot's blocks are its slab's, encoded whole), and memory."""
+    return alloc.ecc == "rs" and alloc.parity is not None and alloc.buffer is not None \
+        and not isinstance(alloc.buffer, Slot)
 
 
 REPORT_ACTIONS = ("create", "restore", "verify")

@@ -37,6 +37,7 @@ GOOD_ARGS: dict[str, dict] = {
     "symlink": {"path": "link", "target": "a"}, "readlink": {"path": "link"},
     "link": {"path": "b", "target": "a"},
     "refill": {"path": "r", "size": 4096}, "changes": {"handle": 1},
+    "refill_written": {"handle": 1, "ranges": [[0, 1]]},
     "snapshot_report": {"action": "verify", "result": "ok"},
     "meta_list": {"path": "a"}, "meta_get": {"path": "a", "key": "k"},
     "meta_set": {"path": "a", "key": "k", "value": "v"}, "meta_rm": {"path": "a", "key": "k"},
