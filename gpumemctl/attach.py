@@ -58,12 +58,44 @@ def live(socket_path: str) -> list[Attachment]:
         return [a for a in _registry if a._socket_key == key and a._pid == pid]
 
 
+class SharedClient:
+    """One connection that several attachments share, each closing its share of it: the
+    last close() closes the connection (gpumemctl.tensors.load attaches every shard of a
+    model through the connection that listed them: one connect for the whole model). Its
+    maker holds the first share. Everything else is the Client's."""
+
+    def __init__(self, client: Client):
+        self._client, self._shares, self._share_lock = client, 1, threading.Lock()
+
+    def take(self) -> SharedClient:
+        with self._share_lock:
+            if self._shares <= 0:
+                raise UsageError("the shared connection is closed")
+            self._shares += 1
+        return self
+
+    def close(self) -> None:
+        with self._share_lock:
+            self._shares -= 1
+            last = self._shares == 0
+        if last:
+            self._client.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+
 def attach(name: str, mode: str = "r", socket: str | None = None, *,
-           client: Client | None = None) -> Attachment:
+           client: Client | SharedClient | None = None) -> Attachment:
     """Map allocation `name` into this process, read-only ("r") or read-write ("rw").
-    Without `client`, the attachment opens (and later closes) its own connection."""
-    own = client is None
-    conn = Client(socket, client_name="gpumemctl.attach") if client is None else client
+    Without `client`, the attachment opens (and later closes) its own connection; with a
+    SharedClient it takes a share of that one (closed with the attachment)."""
+    own = client is None or isinstance(client, SharedClient)
+    conn: Client | SharedClient
+    if client is None:
+        conn = Client(socket, client_name="gpumemctl.attach")
+    else:
+        conn = client.take() if isinstance(client, SharedClient) else client
     try:
         result, fds = conn.call_fds("attach", path=name, mode=mode, regions=True,
                                     extents=True)
@@ -85,8 +117,8 @@ def attach(name: str, mode: str = "r", socket: str | None = None, *,
 class Attachment:
     """An allocation mapped into this process. See the module docstring."""
 
-    def __init__(self, client: Client, own_client: bool, result: dict, fds: list[int],
-                 mode: str):
+    def __init__(self, client: Client | SharedClient, own_client: bool, result: dict,
+                 fds: list[int], mode: str):
         info = result["info"]
         self.info, self.name, self.mode = info, info["path"], mode
         self.writable = mode == "rw"

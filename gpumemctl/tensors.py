@@ -253,18 +253,21 @@ def load(name: str, framework: str = "torch", mode: str = "r", *,
                          f"{', '.join(FRAMEWORKS)}")
     if mode not in MODES:
         raise UsageError(f"invalid mode {mode!r}: expected one of {', '.join(MODES)}")
-    from .attach import attach
-    with _client(socket, client) as c:
-        shards = _shard_infos(c, name)
+    from .attach import SharedClient, attach
+    from .client import Client
+    # One connection for the listing and every shard's attach (unless the caller gave one):
+    # each attachment keeps a share of it for as long as a tensor of it lives.
+    conn = client if client is not None else \
+        SharedClient(Client(socket, client_name="gpumemctl.tensors"))
     out = TensorDict()
     out.attachments = []
     infos = []
     try:
+        shards = _shard_infos(conn, name)
         for shard in shards:
-            # Each shard its own connection (unless the caller gave one): the attachment
-            # outlives this call, for as long as a tensor of it lives. The index is the one
-            # the attach answered with: that of the memory attached, whatever changed since.
-            a = attach(shard["path"], mode, socket, client=client)
+            # The index is the one the attach answered with: that of the memory attached,
+            # whatever changed since.
+            a = attach(shard["path"], mode, socket, client=conn)
             out.attachments.append(a)
             infos.append(a.info)
         out.index = _index(name, infos)
@@ -278,6 +281,9 @@ def load(name: str, framework: str = "torch", mode: str = "r", *,
         for a in out.attachments:
             a.detach(seal=False)
         raise
+    finally:
+        if client is None:
+            conn.close()         # our share: the attachments keep theirs
     for a in out.attachments:
         a.detach(seal=False)     # done when the last tensor is freed (module docstring)
     return out
