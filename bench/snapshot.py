@@ -61,6 +61,7 @@ DD_BS = 16 * MiB
 BLOCK = MiB                      # the snapshot's checksummed block (gpumemctl/snapshots)
 NAME = "snapbench/data"
 IO_ENV = "GPUMEMCTL_SNAPSHOT_IO"
+HASH_ENV = "GPUMEMCTL_SNAPSHOT_HASH"   # where the block checksums are computed (gpuhash.py)
 say, gbps = core.say, core.gbps
 # Targets: ratios to the row's baseline, measured in the same run.
 TARGET_DISK = 0.9                # create / restore vs dd direct write / read
@@ -526,10 +527,15 @@ def rows_from(fig: dict) -> list[dict]:
 def io_line(fig: dict) -> str:
     cd = fig["runs"][0]["create_disk"]
     rd = fig["runs"][0]["restore_disk"]
+    cs, rs = fig["runs"][0]["create_shm"], fig["runs"][0]["restore_shm"]
     parts = [f"I/O path: snapshot create reported io={cd.get('io')}, restore "
-             f"io={rd.get('io')}"]
+             f"io={rd.get('io')}",
+             f"block checksums computed on: create {cs.get('checksums')}, restore "
+             f"{rs.get('checksums')}"]
     if fig["config"]["io"]:
         parts.append(f"{IO_ENV}={fig['config']['io']} was set for them")
+    if fig["config"].get("hash"):
+        parts.append(f"{HASH_ENV}={fig['config']['hash']} was set for them")
     kv = fig.get("kvikio")
     if kv is not None:
         if kv["importable"]:
@@ -581,6 +587,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=2, help="runs of each measurement (best)")
     p.add_argument("--io", choices=("staged", "kvikio"), default=None,
                    help=f"set {IO_ENV} for the snapshot commands (and gpumemd)")
+    p.add_argument("--hash", choices=("cpu", "gpu"), default=None,
+                   help=f"set {HASH_ENV} for the snapshot commands: where the block checksums "
+                        "are computed (default: the GPU's where it can)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--keep", action="store_true",
                    help="keep the daemon's temp dir (log, registry); the data dirs go")
@@ -645,12 +654,14 @@ def main(argv=None) -> int:
     base = tempfile.mkdtemp(prefix="gpumemctl-snapbench-", dir="/tmp")
     made.append(base)
     env = {IO_ENV: args.io} if args.io else {}
+    if args.hash:
+        env[HASH_ENV] = args.hash
     d = core.Daemon(base, backend=backend)
     d.extra_env = dict(env)          # restore_on_start's child inherits gpumemd's environment
     fig: dict = {"machine": fs.machine(backend), "env": env, "runs": [], "verified": [],
                  "base_dir": base,
                  "config": {"backend": backend, "size": size, "runs": args.runs,
-                            "io": args.io}}
+                            "io": args.io, "hash": args.hash}}
     started = time.perf_counter()
     try:
         disk = tempfile.mkdtemp(prefix="gpumemctl-snapbench-", dir=args.disk_dir)

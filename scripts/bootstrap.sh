@@ -50,6 +50,7 @@ missing_for_test() {
     have systemd-analyze || echo systemd
     have tmux || echo tmux
     have rsync || echo rsync
+    have g++ || echo g++           # the snapshot block-hash kernel, emulated on the CPU
 }
 
 need=$(missing_for_run)

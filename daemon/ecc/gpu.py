@@ -16,7 +16,7 @@ complete (results on the host; the caller may free the buffers):
                                              status layout.CLEAN / CORRECTED / UNCORRECTABLE
 
 The cache: `cache_dir`/ecc-<arch>-<sha256 of source and options>.cubin (or .ptx), checked
-before it is loaded (daemon/ecc/kcache.py: the directory and file must be the daemon's own,
+before it is loaded (gpumemctl/cudadrv/kcache.py: the directory and file must be the daemon's own,
 the image must match the SHA-256 in the file's header); written atomically, so concurrent
 daemons at worst compile twice. A file that fails the check or fails to load is recompiled
 and replaced. `compiled_from_cache` says what this instance did.
@@ -35,7 +35,6 @@ import threading
 
 import numpy as np
 
-from daemon.ecc import kcache
 from daemon.ecc.layout import (
     BLOCK,
     CHECKSUM_BYTES,
@@ -46,6 +45,7 @@ from daemon.ecc.layout import (
     UNCORRECTABLE,
 )
 from gpumemctl import cudadrv
+from gpumemctl.cudadrv import kcache
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def load_or_compile(capability: tuple[int, int], cache_dir: str | None, extra_op
     """(image, from_cache, cache path or None, arch) of kernels.cu for a device of this
     compute capability. A cached cubin for the device's own sm_XY is used without asking
     NVRTC anything (a daemon with a warm cache needs no libnvrtc). What is cached is
-    checked before it is used (daemon/ecc/kcache.py): a cache directory or file another
+    checked before it is used (gpumemctl/cudadrv/kcache.py): a cache directory or file another
     user could write is not used, a file that does not match its SHA-256 is compiled again."""
     cache = kcache.KernelCache(cache_dir) if cache_dir else None
     try:

@@ -86,32 +86,56 @@ def fill_chunk(at: int, view: memoryview, entry: dict, places: dict, readers: Re
     block; a block that fails is zeroed and listed in `bad`, never left as data. Blocks
     stored one after another (at most a stripe unit) are read in one call, each run with
     its checks a task of its own on the I/O pool."""
-    first, n = at // BLOCK, fmt.block_count(len(view))
-
-    def piece(k: int) -> memoryview:
-        return view[k * BLOCK:min((k + 1) * BLOCK, len(view))]
+    first = at // BLOCK
 
     def run(k0: int, k1: int) -> list[int]:
-        key, off = places[first + k0]
-        failed: set[int] = set()
-        try:
-            readers.get(key).read_into(off, view[k0 * BLOCK:min(k1 * BLOCK, len(view))])
-        except SnapshotDamaged:         # find which blocks of the run are there after all
-            for k in range(k0, k1):
-                try:
-                    readers.get(key).read_into(off + (k - k0) * BLOCK, piece(k))
-                except SnapshotDamaged:
-                    failed.add(k)
-        out = []
+        out = _read_run(view, first, k0, k1, places, readers)
         for k in range(k0, k1):
-            if k in failed or fmt.block_hash(piece(k)) != entry["blocks"][first + k]:
-                piece(k)[:] = bytes(len(piece(k)))
+            if first + k in out:
+                continue
+            piece = view[k * BLOCK:min((k + 1) * BLOCK, len(view))]
+            if fmt.block_hash(piece) != entry["blocks"][first + k]:
+                piece[:] = bytes(len(piece))
                 out.append(first + k)
         return out
 
-    jobs = [io_pool().submit(run, k0, k1) for k0, k1 in contiguous(first, n, places)]
+    jobs = [io_pool().submit(run, k0, k1)
+            for k0, k1 in contiguous(first, fmt.block_count(len(view)), places)]
     for job in jobs:
         bad += job.result()
+
+
+def read_chunk(at: int, view: memoryview, places: dict, readers: Readers) -> list:
+    """Start filling `view` (bytes [at, at+len) of the allocation) from the store, unchecked
+    (the caller checks the blocks where they land: on the GPU, gpuhash.py); futures of the
+    blocks that could not be read at all (zeroed, to be counted as damaged)."""
+    first = at // BLOCK
+    return [io_pool().submit(_read_run, view, first, k0, k1, places, readers)
+            for k0, k1 in contiguous(first, fmt.block_count(len(view)), places)]
+
+
+def _read_run(view: memoryview, first: int, k0: int, k1: int, places: dict,
+              readers: Readers) -> list[int]:
+    """Read blocks first+k0 .. first+k1 (one after another in one object) into their place
+    in `view`; a block that cannot be read (a missing or short object) is zeroed and its
+    number returned."""
+    def piece(k: int) -> memoryview:
+        return view[k * BLOCK:min((k + 1) * BLOCK, len(view))]
+
+    key, off = places[first + k0]
+    try:
+        readers.get(key).read_into(off, view[k0 * BLOCK:min(k1 * BLOCK, len(view))])
+        return []
+    except SnapshotDamaged:         # find which blocks of the run are there after all
+        pass
+    failed = []
+    for k in range(k0, k1):
+        try:
+            readers.get(key).read_into(off + (k - k0) * BLOCK, piece(k))
+        except SnapshotDamaged:
+            piece(k)[:] = bytes(len(piece(k)))
+            failed.append(first + k)
+    return failed
 
 
 def contiguous(first: int, n: int, places: dict) -> list[tuple[int, int]]:

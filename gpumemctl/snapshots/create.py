@@ -19,7 +19,7 @@ from ..protocol import (
     PermissionDenied,
     UsageError,
 )
-from . import gds
+from . import devpath, gds, gpuhash
 from . import manifest as fmt
 from .blocks import Progress, Readers, big_chunks, gather, hash_jobs, noop
 from .bycopy import AsleepHandle
@@ -114,9 +114,15 @@ def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict 
         advance(len(view))
 
     kvikio = prior is None and gds.use_kvikio(handle.memory, store)
+    hasher = gpuhash.for_memory(handle.memory)
     try:
         if kvikio:
-            device_to_file(handle.memory, size, data, blocks, places, advance)
+            device_to_file(handle.memory, size, data, blocks, places, advance, hasher)
+        elif hasher is not None and prior is None:
+            devpath.create_full(handle.memory, size, data, hasher, blocks, places, advance)
+        elif hasher is not None:
+            devpath.create_changed(handle.memory, size, runs, data, hasher, blocks, places,
+                                   advance)
         else:
             for a, b in runs:
                 handle.memory.drain(a * BLOCK, min(b * BLOCK, size) - a * BLOCK, sink)
@@ -135,7 +141,7 @@ def _snapshot_one(handle, entry: dict, store, name: str, index: int, base: dict 
         "blocks": blocks, "extents": extents(places),
         "written": data.written, "read": sum(min(b * BLOCK, size) - a * BLOCK
                                              for a, b in runs),
-        "kvikio": kvikio,
+        "kvikio": kvikio, "hash": "gpu" if hasher is not None else "cpu",
     }
 
 
@@ -180,6 +186,7 @@ def create(client, location: str, names: list[str], *, incremental: bool = False
             written = sum(a.pop("written") for a in allocations)
             read = sum(a.pop("read") for a in allocations)
             used_kvikio = any([a.pop("kvikio") for a in allocations])
+            hashed = {a.pop("hash") for a in allocations}
             builds_on = base is not None or any(a.get("carried") for a in allocations)
             manifest = {
                 "format": fmt.FORMAT, "version": fmt.VERSION, "name": name,
@@ -199,7 +206,7 @@ def create(client, location: str, names: list[str], *, incremental: bool = False
     seconds = time.monotonic() - started
     return {"snapshot": name, "location": where, "store": store_loc,
             "incremental": base is not None, "parent": manifest["parent"],
-            "io": gds.io_kind(store, used_kvikio),
+            "io": gds.io_kind(store, used_kvikio), "checksums": gpuhash.hash_path(hashed),
             "allocations": [_brief(a) for a in allocations], "skipped": skipped,
             "passed_over": sources.passed,
             "bytes": manifest["bytes"], "bytes_written": written, "bytes_read": read,
@@ -276,7 +283,7 @@ def _carry(sources: Sources, entry: dict, store) -> tuple[dict | None, str]:
             if problem:
                 return None, f"'{path}' is lost, and its copy in {snapshot}: {problem}"
             return {**old, "carried": True, "track": None, "written": 0, "read": 0,
-                    "kvikio": False}, ""
+                    "kvikio": False, "hash": None}, ""
     return None, f"'{path}' is lost and no snapshot in this store holds it"
 
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from ..protocol import Exists, GpumemError, NotFound, PermissionDenied, error_from_wire
-from . import gds
+from . import devpath, gds, gpuhash
 from . import manifest as fmt
 from .blocks import (
     Progress,
@@ -155,6 +155,7 @@ def _restore_all(client, store, picks: list[tuple[str, dict]], trust: Trust,
         readers.close()
     seconds = time.monotonic() - started
     return {"io": gds.io_kind(store, any(r.get("kvikio") for r in results)),
+            "checksums": gpuhash.hash_path({r.get("checksums") for r in results}),
             "allocations": results, "damaged": sum(1 for r in results if r.get("damaged")),
             "failed": len(failures), "bytes": moved, "seconds": round(seconds, 6),
             "rate": int(moved / seconds) if moved and seconds > 0 else None,
@@ -197,10 +198,13 @@ def _restore_one(client, entry: dict, target: str, info: dict | None, where: str
         advance(moved)
 
     kvikio = gds.use_kvikio(handle.memory, readers.store)
+    hasher = gpuhash.for_memory(handle.memory)
     big_chunks(handle.memory)
     with handle:
         if kvikio:
-            _file_to_device(handle.memory, entry, places, readers, bad, advance)
+            _file_to_device(handle.memory, entry, places, readers, bad, advance, hasher)
+        elif hasher is not None:
+            devpath.restore(handle.memory, entry, places, readers, hasher, bad, advance)
         else:
             handle.memory.fill(0, entry["size"], source)
         ranges = fmt.ranges_of(bad, entry["size"])
@@ -208,7 +212,8 @@ def _restore_one(client, entry: dict, target: str, info: dict | None, where: str
     for name in names:
         _relink(client, target, name)
     return {"path": target, "from": entry["path"], "size": entry["size"],
-            "result": "degraded" if ranges else "ok", "damaged": ranges, "kvikio": kvikio}
+            "result": "degraded" if ranges else "ok", "damaged": ranges, "kvikio": kvikio,
+            "checksums": "gpu" if hasher is not None else "cpu"}
 
 
 def _outcome(entry: dict, ranges: list) -> dict:
@@ -222,9 +227,10 @@ def _outcome(entry: dict, ranges: list) -> dict:
 
 
 def _file_to_device(memory, entry: dict, places: dict, readers: Readers, bad: list[int],
-                    advance: Callable[[int], None]) -> None:
-    """Restore into GPU memory by KvikIO, then check each block from a device-to-host pass;
-    a block that fails is zeroed on the device and listed in `bad`."""
+                    advance: Callable[[int], None], hasher=None) -> None:
+    """Restore into GPU memory by KvikIO, then check each block where it landed: on the GPU
+    (`hasher`, gpuhash.py), else from a device-to-host pass; a block that fails is zeroed
+    on the device and listed in `bad`."""
     from .. import cudadrv
     size = entry["size"]
     for at in range(0, size, gds.CHUNK):
@@ -248,7 +254,11 @@ def _file_to_device(memory, entry: dict, places: dict, readers: Readers, bad: li
             found.extend(b0 + k for k, h in enumerate(gather(hash_jobs(view)))
                          if b0 + k in failed or h != entry["blocks"][b0 + k])
 
-        memory.drain(at, n, check)
+        if hasher is not None:
+            found = [first + k for k, h in enumerate(hasher.hash(memory.ptr + at, n))
+                     if first + k in failed or h != entry["blocks"][first + k]]
+        else:
+            memory.drain(at, n, check)
         with cudadrv.context(memory.device):
             for b in found:
                 cudadrv.memset_d8(memory.ptr + b * BLOCK, 0, min(BLOCK, size - b * BLOCK))

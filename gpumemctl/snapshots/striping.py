@@ -43,12 +43,21 @@ class Writing:
 
     def write(self, view: memoryview) -> list[tuple[str, int]]:
         """Write whole blocks (the last may be short); where each block went."""
+        places, jobs = self.submit(view)
+        for job in jobs:
+            job.result()
+        return places
+
+    def submit(self, view: memoryview) -> tuple[list[tuple[str, int]], list]:
+        """As write(), but returns as soon as the writes are started: where each block
+        goes, and the futures of the writes (the caller keeps `view` until they are done).
+        An object store's one object is written in order, before this returns."""
         n = fmt.block_count(len(view))
         places = [self._place(self.blocks + k) for k in range(n)]
+        jobs = []
         if self.stripes == 1:
             self._writer(0).write(view)
         else:
-            jobs = []
             k = 0
             while k < n:                       # runs of blocks in one stripe unit
                 end = min(n, k + UNIT - (self.blocks + k) % UNIT)
@@ -56,11 +65,9 @@ class Writing:
                 piece = view[k * BLOCK:min(end * BLOCK, len(view))]
                 jobs.append(io_pool().submit(self._writer(stripe).write_at, off, piece))
                 k = end
-            for job in jobs:
-                job.result()
         self.blocks += n
         self.written += len(view)
-        return [(self.keys[stripe], off) for stripe, off in places]
+        return [(self.keys[stripe], off) for stripe, off in places], jobs
 
     def write_device(self, memory, at: int, n: int) -> int:
         """`n` bytes of GPU memory at offset `at`, by KvikIO (gds.py), to the first object."""
@@ -80,26 +87,34 @@ class Writing:
 
 
 def device_to_file(memory, size: int, data: Writing, blocks: list, places: list,
-                    advance: Callable[[int], None]) -> None:
-    """A full copy of GPU memory by KvikIO, chunk by chunk, while the same chunk's
-    checksums are computed from a device-to-host pass through the staging buffers."""
-    for at in range(0, size, gds.CHUNK):
-        n = min(gds.CHUNK, size - at)
-        written = io_pool().submit(data.write_device, memory, at, n)
-        first = at // BLOCK
+                   advance: Callable[[int], None], hasher=None) -> None:
+    """A full copy of GPU memory by KvikIO, chunk by chunk. The checksums come from the GPU
+    (`hasher`, gpuhash.py) where it runs, else from a device-to-host pass through the
+    staging buffers, chunk by chunk beside KvikIO's writes."""
+    if hasher is not None:
+        hasher.launch(memory.ptr, size)
+    try:
+        for at in range(0, size, gds.CHUNK):
+            n = min(gds.CHUNK, size - at)
+            written = io_pool().submit(data.write_device, memory, at, n)
+            first = at // BLOCK
 
-        def hash_sink(where: int, view: memoryview) -> None:
-            sums = gather(hash_jobs(view))
-            b = where // BLOCK
-            blocks[b:b + len(sums)] = sums
+            def hash_sink(where: int, view: memoryview) -> None:
+                sums = gather(hash_jobs(view))
+                b = where // BLOCK
+                blocks[b:b + len(sums)] = sums
 
-        try:
-            memory.drain(at, n, hash_sink)
-        finally:
-            off = written.result()
-        count = fmt.block_count(n)
-        places[first:first + count] = [(data.key, off + k * BLOCK) for k in range(count)]
-        advance(n)
+            try:
+                if hasher is None:
+                    memory.drain(at, n, hash_sink)
+            finally:
+                off = written.result()
+            count = fmt.block_count(n)
+            places[first:first + count] = [(data.key, off + k * BLOCK) for k in range(count)]
+            advance(n)
+    finally:
+        if hasher is not None:
+            blocks[:] = hasher.collect()
 
 
 def extents(places: list[tuple[str, int]]) -> list[list]:

@@ -1,7 +1,7 @@
 """The NVRTC kernel cache is checked before anything in it is loaded (issue 14).
 
 Before, gpumemd loaded whatever file lay at the cache path into the GPU: a changed or
-planted cubin ran as the daemon's ECC kernels. Now (daemon/ecc/kcache.py) a file is loaded
+planted cubin ran as the daemon's ECC kernels. Now (gpumemctl/cudadrv/kcache.py) a file is loaded
 only from a directory that is the daemon's own and writable by nobody else, only if it is a
 regular file of the daemon's uid, and only if its image matches the SHA-256 in its header;
 otherwise the kernels are compiled again and the file replaced. No GPU needed: NVRTC is
@@ -13,7 +13,8 @@ import os
 
 import pytest
 
-from daemon.ecc import gpu, kcache
+from daemon.ecc import gpu
+from gpumemctl.cudadrv import kcache
 
 IMAGE = b"\x7fELF a cubin, as NVRTC made it" * 100
 CAPABILITY = (9, 0)

@@ -1,7 +1,10 @@
-"""The on-disk cache of compiled ECC kernels, checked before anything in it is loaded.
+"""An on-disk cache of compiled kernels, checked before anything in it is loaded: the
+daemon's ECC kernels (daemon/ecc/gpu.py, in its state directory) and the client's block-hash
+kernel of snapshots (gpumemctl/snapshots/gpuhash.py, in the caller's `~/.cache/gpumemctl`).
 
-A cached cubin (or PTX) is code the daemon loads into the GPU and runs on every allocation's
-memory: a file another user planted or changed there would run as the daemon's kernels. So:
+A cached cubin (or PTX) is code the process loads into the GPU and runs over memory (the
+daemon's: every allocation's): a file another user planted or changed there would run as its
+kernels. So (below, "the daemon" is whichever process uses the cache):
 - The directory is used only if it is a real directory (not a symlink), owned by the
   daemon's effective uid, and writable by nobody else (no group or other write bit); it is
   made 0700 when missing. Otherwise the cache is not used at all (compiled each start, one
@@ -35,6 +38,7 @@ import stat
 log = logging.getLogger(__name__)
 
 MAGIC = b"gpumemd-ecc-kernel 1 "          # then the JSON header and a newline, then the image
+ECC = "ECC kernel cache"                    # what a cache is called in its log lines
 HEADER_LIMIT = 4096
 GROUP_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
@@ -42,9 +46,9 @@ GROUP_OTHER_WRITE = stat.S_IWGRP | stat.S_IWOTH
 class KernelCache:
     """One cache directory, opened and checked; `usable` is False when it may not be used."""
 
-    def __init__(self, path: str):
-        self.path = path
-        self.fd: int | None = _open_dir(path)
+    def __init__(self, path: str, what: str = ECC):
+        self.path, self.what = path, what
+        self.fd: int | None = _open_dir(path, what)
 
     @property
     def usable(self) -> bool:
@@ -72,11 +76,11 @@ class KernelCache:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            log.warning("ECC kernel cache %s not used (%s): compiling", where, exc)
+            log.warning("%s %s not used (%s): compiling", self.what, where, exc)
             return None
         image, why = _verified(raw, key, arch)
         if image is None:
-            log.warning("ECC kernel cache %s not used: %s; compiling it again", where, why)
+            log.warning("%s %s not used: %s; compiling it again", self.what, where, why)
         return image
 
     def store(self, name: str, image: bytes, key: str, arch: str, compiler: str) -> None:
@@ -100,7 +104,7 @@ class KernelCache:
                     os.unlink(tmp, dir_fd=self.fd)
                 raise
         except OSError as exc:
-            log.warning("cannot write the ECC kernel cache %s: %s", self.path, exc)
+            log.warning("cannot write the %s %s: %s", self.what, self.path, exc)
 
     def _read(self, name: str) -> bytes:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
@@ -115,7 +119,7 @@ class KernelCache:
             return f.read()
 
 
-def _open_dir(path: str) -> int | None:
+def _open_dir(path: str, what: str) -> int | None:
     """The cache directory's descriptor, made 0700 if missing; None (logged) when it is not
     the daemon's own: a symlink, another owner, or writable by group or others."""
     try:
@@ -123,15 +127,15 @@ def _open_dir(path: str) -> int | None:
             os.mkdir(path, 0o700)
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        log.warning("ECC kernel cache %s cannot be used (%s): kernels are compiled each "
-                    "start", path, exc)
+        log.warning("%s %s cannot be used (%s): kernels are compiled each time", what, path,
+                    exc)
         return None
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & GROUP_OTHER_WRITE:
         os.close(fd)
-        log.warning("ECC kernel cache %s is not used: owner %d, mode %04o; it must belong to "
-                    "uid %d and be writable by nobody else (kernels are compiled each start)",
-                    path, st.st_uid, stat.S_IMODE(st.st_mode), os.geteuid())
+        log.warning("%s %s is not used: owner %d, mode %04o; it must belong to uid %d and "
+                    "be writable by nobody else (kernels are compiled each time)", what, path,
+                    st.st_uid, stat.S_IMODE(st.st_mode), os.geteuid())
         return None
     return fd
 
