@@ -68,7 +68,9 @@ def receiver() -> Iterator[AsyncIterator[int]]:
     def wait() -> None:
         while not done.is_set():
             got = signal.sigtimedwait(STOP, POLL_SECONDS)
-            if got is not None:
+            # Only ours: a wait interrupted by a tracer attaching (py-spy, gdb) was seen to
+            # come back with garbage in si_signo, which would have stopped the loop.
+            if got is not None and got.si_signo in STOP:
                 with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(deliver, got.si_signo)
     thread = threading.Thread(target=wait, name="gpumemd-stop-signals", daemon=True)

@@ -156,12 +156,15 @@ def _batches(n: int):
 
 
 def _parity(d: np.ndarray) -> np.ndarray:
-    """Parity of blocks d (nb, 128, 1024) as (nb, 8, 1024): the layout of the parity region."""
+    """Parity of blocks d (nb, 128, 1024) as (nb, 8, 1024): the layout of the parity region.
+    The code is linear and a zero symbol adds nothing, so rows that are zero in every block
+    are skipped: a small file in a slab's block, or a file's first bytes, cost their rows,
+    not the block's 128 (issue 29: an fsync of a 4 KiB SQLite page 0.14 instead of 1.2 ms)."""
     nb = d.shape[0]
     acc = np.zeros((nb, CODEWORDS), np.uint64)
     tmp = np.empty_like(acc)
     idx = np.empty(acc.shape, np.intp)
-    for j in range(MESSAGE):
+    for j in np.flatnonzero(d.any(axis=2).any(axis=0)):
         idx[...] = d[:, j, :]   # take() on intp indices is ~8x faster than on uint8 ones
         np.take(_ENC[j], idx, out=tmp, mode="clip")    # clip: no bounds-error path; idx < 256
         acc ^= tmp
