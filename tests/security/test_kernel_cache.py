@@ -117,3 +117,24 @@ def test_a_symlinked_cache_directory_is_not_used(tmp_path, nvrtc):
     os.symlink(real, link)
     assert not kcache.KernelCache(link).usable
     assert gpu.load_or_compile(CAPABILITY, link)[1] is False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_roots_snapshot_never_loads_a_kernel_from_a_users_cache(tmp_path, monkeypatch):
+    """`sudo -E gpumemctl snapshot create` keeps the user's XDG_CACHE_HOME: root's client
+    would look for its block-hash kernel (gpumemctl/snapshots/gpuhash.py) in a directory the
+    user owns. The same checks refuse it: nothing there is read, nothing written."""
+    from gpumemctl.snapshots import gpuhash
+    home = tmp_path / "user-cache"
+    (home / "gpumemctl").mkdir(parents=True)
+    planted = home / "gpumemctl" / "xxh3-sm_90-planted.cubin"
+    planted.write_bytes(b"\x7fELF the user's cubin")
+    for p in (home, home / "gpumemctl", planted):
+        os.chown(p, 65534, 65534)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home))
+    assert gpuhash.cache_dir() == str(home / "gpumemctl")
+    with kcache.KernelCache(gpuhash.cache_dir(), gpuhash.WHAT) as cache:
+        assert not cache.usable
+        assert cache.load(planted.name, planted.name, "sm_90") is None
+        cache.store("xxh3-new.cubin", b"root's", "k", "sm_90", "nvrtc")
+    assert sorted(os.listdir(home / "gpumemctl")) == [planted.name]
