@@ -421,6 +421,28 @@ def footer(fig: dict, rows: list[dict]) -> list[str]:
         f"mount removed by {stop.get('unmounted_by')}"]
 
 
+def serve_and_measure(d, fig: dict, shm: str, base: str, keep: bool, body) -> int | None:
+    """A mount benchmark's frame: start `d`, run body() (it fills `fig`), then stop it and
+    clean up whatever happened (finish). None when done, 130 when interrupted; on an error
+    the daemon's log tail, then the error."""
+    started = time.perf_counter()
+    try:
+        say(f"starting gpumemd --backend {d.backend} --mount {d.mnt}")
+        d.start()
+        body()
+        fig["wall_s"] = time.perf_counter() - started
+        fig["loadavg"].append(round(os.getloadavg()[0], 2))
+    except KeyboardInterrupt:
+        say("interrupted; stopping gpumemd and removing the temp dirs")
+        return 130
+    except Exception:
+        core.show_log_tail(d)
+        raise
+    finally:
+        finish(d, fig, shm, base, keep)
+    return None
+
+
 def finish(d, fig: dict, shm: str, base: str, keep: bool) -> None:
     """A mount benchmark's end, also on an error: gpumemd stopped and its mount checked gone
     (fig["stop"]), the tmpfs directory removed, and the daemon's directory unless it is

@@ -172,22 +172,14 @@ def main(argv=None) -> int:
                             "per_dir": args.per_dir, "runs": args.runs,
                             "warmup": args.warmup, "extra": args.extra},
                  "loadavg": [round(os.getloadavg()[0], 2)]}
-    started = time.perf_counter()
-    try:
-        say(f"starting gpumemd --backend {backend} --mount {d.mnt}")
-        d.start()
+
+    def body() -> None:
         data = os.urandom(args.size)
         fig["rates"] = measure({"mount": d.mnt, "tmpfs": shm}, args, data)
-        fig["wall_s"] = time.perf_counter() - started
-        fig["loadavg"].append(round(os.getloadavg()[0], 2))
-    except KeyboardInterrupt:
-        say("interrupted; stopping gpumemd and removing the temp dirs")
-        return 130
-    except Exception:
-        core.show_log_tail(d)
-        raise
-    finally:
-        fs.finish(d, fig, shm, base, args.keep)
+
+    stopped = fs.serve_and_measure(d, fig, shm, base, args.keep, body)
+    if stopped is not None:
+        return stopped
     core.emit(fig, rows_from(fig), args.json, print_table)
     return 0
 

@@ -78,15 +78,8 @@ def cache_key(source: bytes, options) -> str:
 def target(capability: tuple[int, int]) -> tuple[str, bool]:
     """('sm_90', True) - a cubin for the device - or ('compute_NN', False): PTX for the newest
     architecture NVRTC knows, when it does not know the device's (the driver JIT-compiles it)."""
-    cc = capability[0] * 10 + capability[1]
-    supported = cudadrv.nvrtc_supported_archs()
-    if cc in supported:
-        return f"sm_{cc}", True
-    older = [a for a in supported if a <= cc]
-    if not older:
-        raise cudadrv.NvrtcError(f"NVRTC cannot compile for sm_{cc} (it knows {supported})",
-                                 call="nvrtcGetSupportedArchs")
-    return f"compute_{max(older)}", False
+    return cudadrv.nvrtc_target(capability[0] * 10 + capability[1],
+                                cudadrv.nvrtc_supported_archs())
 
 
 def _options(arch: str, extra_options) -> tuple[str, ...]:

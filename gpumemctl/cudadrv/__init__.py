@@ -79,6 +79,7 @@ from .kernels import (
 from .nvrtc import (
     nvrtc_compile,
     nvrtc_supported_archs,
+    nvrtc_target,
     nvrtc_version,
 )
 from .staging import (
@@ -156,6 +157,7 @@ __all__ = [
     "module_unload",
     "nvrtc_compile",
     "nvrtc_supported_archs",
+    "nvrtc_target",
     "nvrtc_version",
     "primary_context",
     "release",

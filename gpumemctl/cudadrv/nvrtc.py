@@ -50,6 +50,20 @@ def nvrtc_supported_archs() -> list[int]:
     return [int(a) for a in _nv("nvrtcGetSupportedArchs")]
 
 
+def nvrtc_target(cc: int, supported: list[int]) -> tuple[str, bool]:
+    """What to compile for a device of compute capability `cc` (90 for 9.0), given the
+    architectures NVRTC knows (nvrtc_supported_archs): ('sm_90', True), a cubin for the
+    device; or ('compute_NN', False), PTX for the newest one NVRTC knows below it, which the
+    driver JIT-compiles. An NvrtcError where NVRTC knows none that old."""
+    if cc in supported:
+        return f"sm_{cc}", True
+    older = [a for a in supported if a <= cc]
+    if not older:
+        raise NvrtcError(f"NVRTC cannot compile for sm_{cc} (it knows {supported})",
+                         call="nvrtcGetSupportedArchs")
+    return f"compute_{max(older)}", False
+
+
 def nvrtc_compile(source: bytes, name: str, options, *, cubin: bool = True) -> tuple[bytes, str]:
     """Compile CUDA C++ `source` with `options` (strings, e.g. '--gpu-architecture=sm_90');
     returns (the cubin, or the PTX without its NUL, and the compiler's log). A compile error

@@ -68,20 +68,6 @@ def _make(device: int, mode: str) -> GpuHasher | None:
         return None            # no NVRTC or no kernel support here: the CPU path stays
 
 
-def _target(cc: int) -> tuple[str, bool]:
-    """('sm_90', True): a cubin for the device; or ('compute_NN', False): PTX for the
-    newest architecture NVRTC knows when it does not know the device's."""
-    from .. import cudadrv
-    supported = cudadrv.nvrtc_supported_archs()
-    if cc in supported:
-        return f"sm_{cc}", True
-    older = [a for a in supported if a <= cc]
-    if not older:
-        raise cudadrv.NvrtcError(f"NVRTC cannot compile for sm_{cc} (it knows {supported})",
-                                 call="nvrtcGetSupportedArchs")
-    return f"compute_{max(older)}", False
-
-
 def _cache_name(source: bytes, arch: str, cubin: bool) -> str:
     h = hashlib.sha256(source)
     for o in (arch, *OPTIONS):
@@ -101,7 +87,7 @@ def kernel_image(capability: tuple[int, int]) -> bytes:
         image = cache.load(own, own, f"sm_{cc}")
         if image is not None:
             return image
-        arch, cubin = _target(cc)
+        arch, cubin = cudadrv.nvrtc_target(cc, cudadrv.nvrtc_supported_archs())
         name = _cache_name(source, arch, cubin)
         image = cache.load(name, name, arch) if name != own else None
         if image is None:
