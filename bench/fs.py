@@ -431,7 +431,8 @@ def serve_and_measure(d, fig: dict, shm: str, base: str, keep: bool, body) -> in
         d.start()
         body()
         fig["wall_s"] = time.perf_counter() - started
-        fig["loadavg"].append(round(os.getloadavg()[0], 2))
+        fig["loadavg_at_end"] = round(os.getloadavg()[0], 2)
+        fig.setdefault("loadavg", []).append(fig["loadavg_at_end"])
     except KeyboardInterrupt:
         say("interrupted; stopping gpumemd and removing the temp dirs")
         return 130
@@ -496,11 +497,10 @@ def check_shm(size: int) -> None:
 
 
 def run_phases(d: MountDaemon, shm: str, fig: dict, args) -> None:
+    """The phases, once gpumemd serves the mount, from a source file made in `shm`."""
     cfg = fig["config"]
     src = os.path.join(shm, "src")
     src_hash = make_source(src, cfg["size"])
-    say(f"starting gpumemd --backend {d.backend} --mount {d.mnt}")
-    d.start()
     dirs = {"mount": d.mnt, "tmpfs": os.path.join(shm, "dst")}
     os.mkdir(dirs["tmpfs"])
     fig["seq"] = phase_seq(dirs, src, src_hash, cfg["size"], args.warmup, args.runs,
@@ -524,19 +524,10 @@ def main(argv=None) -> int:
                  "config": {"size": size, "mmap_size": min(parse_size(args.mmap_size), size),
                             "warmup": args.warmup, "runs": args.runs,
                             "files": args.files, "fsync": args.fsync}}
-    started = time.perf_counter()
-    try:
-        run_phases(d, shm, fig, args)
-        fig["wall_s"] = time.perf_counter() - started
-        fig["loadavg_at_end"] = round(os.getloadavg()[0], 2)
-    except KeyboardInterrupt:
-        say("interrupted; stopping gpumemd and removing the temp dirs")
-        return 130
-    except Exception:
-        core.show_log_tail(d)
-        raise
-    finally:
-        finish(d, fig, shm, base, args.keep)
+    stopped = serve_and_measure(d, fig, shm, base, args.keep,
+                                lambda: run_phases(d, shm, fig, args))
+    if stopped is not None:
+        return stopped
     rows = rows_from(fig)
     core.emit(fig, rows, args.json, print_table)
     return 0
