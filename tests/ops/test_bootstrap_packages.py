@@ -16,7 +16,7 @@ import pytest
 from tests.harness import ROOT
 
 RUN = {"fuse3", "libfuse3-dev", "pkg-config", "gcc", "python3-dev", "python3-venv"}
-TEST_ONLY = {"attr", "jq", "zsh", "fish", "mandoc", "systemd", "tmux", "rsync"}
+TEST_ONLY = {"attr", "jq", "zsh", "fish", "mandoc", "systemd", "tmux", "rsync", "g++"}
 TOOLS = ("dirname", "cksum", "cut", "rm", "touch")
 
 
