@@ -70,7 +70,7 @@ def receiver() -> Iterator[AsyncIterator[int]]:
             got = signal.sigtimedwait(STOP, POLL_SECONDS)
             # Only ours: a wait interrupted by a tracer attaching (py-spy, gdb) was seen to
             # come back with garbage in si_signo, which would have stopped the loop.
-            if got is not None and got.si_signo in STOP:
+            if got is not None and got.si_signo in STOP and not done.is_set():
                 with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(deliver, got.si_signo)
     thread = threading.Thread(target=wait, name="gpumemd-stop-signals", daemon=True)
@@ -79,4 +79,9 @@ def receiver() -> Iterator[AsyncIterator[int]]:
         yield receive
     finally:
         done.set()
-        thread.join()
+        # Wake the wait now rather than at its next timeout (a clean stop would take up to
+        # POLL_SECONDS longer): a signal sent to that thread alone, which it takes and drops.
+        if thread.ident is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pthread_kill(thread.ident, signal.SIGINT)
+        thread.join(1.0)
