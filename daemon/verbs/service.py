@@ -33,7 +33,9 @@ class ServiceVerbs:
         """Load the registry, re-adopt durable memory from the keeper, drop what is stale
         (Adoption.reconcile_at_start says how, and what `orphans` decides)."""
         self.ns.load()
-        return self.adoption.reconcile_at_start(orphans, self.integrity.settle)
+        summary = self.adoption.reconcile_at_start(orphans, self.integrity.settle)
+        self.integrity.parity.prebuild()
+        return summary
 
     def shutdown(self) -> None:
         """Clean stop: transient memory goes, durable memory stays with the keeper."""

@@ -92,9 +92,11 @@ def _canonical(manifest: dict) -> bytes:
 
 
 def seal(manifest: dict) -> bytes:
-    """The manifest as stored: its canonical JSON with its own checksum."""
+    """The manifest as stored: its canonical JSON with its own checksum, a value per line
+    (for a reader with `less`). Not `indent=`: that takes json's pure-Python encoder, 20 ms
+    for the 8,192 checksums of 8 GiB, which an incremental snapshot's time is made of."""
     manifest["checksum"] = hashlib.sha256(_canonical(manifest)).hexdigest()
-    return json.dumps(manifest, sort_keys=True, indent=0).encode() + b"\n"
+    return json.dumps(manifest, sort_keys=True, separators=(",\n", ":")).encode() + b"\n"
 
 
 def parse(raw: bytes, where: str) -> dict:

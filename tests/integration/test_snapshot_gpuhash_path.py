@@ -109,3 +109,33 @@ def test_a_flipped_stored_byte_is_named_after_the_copy_to_the_device(gpu_hash_da
     assert back["allocations"][0]["damaged"] == [[13 * MiB, 14 * MiB]], back
     info = json.loads(_cli(d, "info", "copy/w", "--json", env=d.cpu_env).stdout)
     assert info["state"] == "degraded" and info["damaged"], info
+
+
+def test_one_command_grows_its_buffers_from_a_changed_block_to_whole_chunks(
+        gpu_hash_daemon, request, tmp_path):
+    """The ring is made as large as a copy needs (staging.py, Ring._fit): in one
+    `snapshot create --incremental`, the first allocation's one changed block takes two
+    buffers of one huge page, and the next allocation, new since the last snapshot, needs
+    them grown to whole 4 MiB chunks and a third one; a restore then reads every byte back
+    through buffers of the other shape."""
+    d = gpu_hash_daemon
+    env = {**d.hash_env, "GPUMEMCTL_SNAPSHOT_STAGING": "4,3"}
+    first, second = os.urandom(12 * MiB), os.urandom(18 * MiB + 333)
+    (tmp_path / "a").write_bytes(first)
+    (tmp_path / "b").write_bytes(second)
+    _cli(d, "create", "a", "--size", str(len(first)), "--durable", env=d.cpu_env)
+    _cli(d, "write", "a", str(tmp_path / "a"), env=d.cpu_env)
+    store = make_store(request)
+    _json(d, "snapshot", "create", store, env=env)
+    d.cli("write", "a", "--offset", str(5 * MiB), input=b"y" * 7, env=d.cpu_env, check=True)
+    _cli(d, "create", "b", "--size", str(len(second)), "--durable", env=d.cpu_env)
+    _cli(d, "write", "b", str(tmp_path / "b"), env=d.cpu_env)
+    inc = _json(d, "snapshot", "create", store, "--incremental", env=env)
+    assert inc["bytes_written"] == MiB + len(second), inc
+
+    lose_memory(d)
+    back = _json(d, "snapshot", "restore", store, env=env)
+    assert [a["result"] for a in back["allocations"]] == ["ok", "ok"], back
+    want = first[:5 * MiB] + b"y" * 7 + first[5 * MiB + 7:]
+    assert _sha(_cli(d, "read", "a", env=d.cpu_env).stdout) == _sha(want)
+    assert _sha(_cli(d, "read", "b", env=d.cpu_env).stdout) == _sha(second)
