@@ -69,10 +69,10 @@ class Parity:
         self.chunk_blocks = chunk_blocks or (8 if backend.name == "host" else 8192)
 
     def prebuild(self) -> None:
-        """Start compiling (or loading from the cache) the GPU codec's kernels on a thread.
-        Called once start-up has re-adopted the keeper's memory: started with the backend,
-        the thread's first driver calls and NVRTC load ran beside adoption and made it take
-        2.6x as long on an H200 (100 durable allocations: 56 -> 145 ms)."""
+        """Start compiling (or loading from the cache) the GPU codec's kernels on a thread,
+        once start-up has re-adopted the keeper's memory (daemon/ecc/gpuimage.py: without
+        the codec's numpy, whose import on the main thread had doubled the adoption phase
+        after a kill -9)."""
         if self.backend.name == "cuda":
             _prebuild_codec(self.backend)
 
@@ -264,8 +264,8 @@ class Parity:
 
 def _prebuild_codec(backend) -> None:
     """The GPU codec's kernels compiled into the state directory's cache at start-up, on a
-    thread (daemon/ecc/gpu.py, `prebuild`), not on the event loop at the first rs work."""
-    from ..ecc.gpu import prebuild
+    thread (daemon/ecc/gpuimage.py, `prebuild`), not on the event loop at the first rs work."""
+    from ..ecc.gpuimage import prebuild
     try:
         raw = getattr(backend, "raw", backend)      # the packing layer's own is not set
         prebuild([d.index for d in backend.devices()], raw.ecc_cache_dir)

@@ -42,12 +42,12 @@ def create_changed(memory, size: int, runs: list[tuple[int, int]], data, hasher,
     all) are hashed on the GPU, and only those whose checksum differs from the previous
     snapshot's (`blocks`) are copied to the host and written."""
     changed: list[int] = []
-    for a, b in runs:
-        end = min(b * BLOCK, size)
-        sums = hasher.hash(memory.ptr + a * BLOCK, end - a * BLOCK)
+    spans = [(a * BLOCK, min(b * BLOCK, size) - a * BLOCK) for a, b in runs]
+    for (a, _), sums in zip(runs, hasher.hash_ranges([(memory.ptr + at, n) for at, n in spans]),
+                            strict=True):
         changed += [a + k for k, h in enumerate(sums) if blocks[a + k] != h]
         blocks[a:a + len(sums)] = sums
-        advance(end - a * BLOCK)
+    advance(sum(n for _, n in spans))
 
     def consume(at: int, view: memoryview) -> list:
         jobs = []

@@ -142,16 +142,11 @@ class GpuHasher:
     def launch(self, ptr: int, size: int) -> None:
         """Start hashing the blocks of device bytes [ptr, ptr+size) on the hasher's stream
         (asynchronous: it runs beside other streams' copies of the same memory)."""
-        if ptr % 8:
-            raise ValueError(f"the block hash needs 8-byte aligned memory, not {ptr:#x}")
         n = -(-size // BLOCK)
-        c64 = ctypes.c_uint64
         with self.cu.context(self.device):
             self._room(16 * n)
+            self._kernel(ptr, size, 0)
             if n:
-                self.cu.launch_kernel(self.fn, -(-n // WARPS), 32 * WARPS,
-                                      [c64(ptr), c64(size), c64(BLOCK), c64(n), c64(self.dptr)],
-                                      self.stream)
                 self.cu.memcpy_dtoh_async(self.host.ptr, self.dptr, 16 * n, self.stream)
         self.pending = n
 
@@ -168,6 +163,39 @@ class GpuHasher:
         with self.lock:
             self.launch(ptr, size)
             return self.collect()
+
+    def hash_ranges(self, ranges: list[tuple[int, int]]) -> list[list[str]]:
+        """The checksums of each device range (ptr, size), all launched before one wait: an
+        incremental snapshot hashes the runs the change tracking names, 82 of them for 1%
+        of 8 GiB, and a wait per run cost 45 ms on an H200."""
+        counts = [-(-size // BLOCK) for _, size in ranges]
+        with self.lock, self.cu.context(self.device):
+            self._room(16 * sum(counts))
+            at = 0
+            for (ptr, size), n in zip(ranges, counts, strict=True):
+                self._kernel(ptr, size, at)
+                at += n
+            if at:
+                self.cu.memcpy_dtoh_async(self.host.ptr, self.dptr, 16 * at, self.stream)
+            self.cu.stream_synchronize(self.stream)
+            sums = digests(self.host.view[:16 * at].cast("Q").tolist()) if at else []
+        out, at = [], 0
+        for n in counts:
+            out.append(sums[at:at + n])
+            at += n
+        return out
+
+    def _kernel(self, ptr: int, size: int, first: int) -> None:
+        """Launch the kernel over [ptr, ptr+size), its checksums to result slot `first` on
+        (context held, result buffers large enough)."""
+        if ptr % 8:
+            raise ValueError(f"the block hash needs 8-byte aligned memory, not {ptr:#x}")
+        n = -(-size // BLOCK)
+        if n:
+            c64 = ctypes.c_uint64
+            self.cu.launch_kernel(self.fn, -(-n // WARPS), 32 * WARPS,
+                                  [c64(ptr), c64(size), c64(BLOCK), c64(n),
+                                   c64(self.dptr + 16 * first)], self.stream)
 
     def _room(self, nbytes: int) -> None:
         """Device and pinned result buffers of at least `nbytes` (context held)."""

@@ -77,6 +77,21 @@ def test_64_mib_of_random_blocks_and_a_short_last_one_match_xxhash(hasher, scrat
     assert _on_gpu(hasher, scratch + 8, data) == _want(data)
 
 
+
+def test_ranges_hashed_in_one_wait_match_xxhash_range_by_range(hasher, scratch):
+    """hash_ranges (an incremental snapshot's changed runs): each range's checksums land in
+    their own slots of the result, ranges of one and of many blocks, an empty one between."""
+    from gpumemctl import cudadrv
+    data = os.urandom(40 * MiB + 777)
+    with cudadrv.context(0):
+        cudadrv.memcpy_htod(scratch, data, len(data))
+    ranges = [(3 * MiB, MiB), (10 * MiB, 5 * MiB + 8), (20 * MiB, 0), (0, 17),
+              (39 * MiB, MiB + 777), (1 * MiB, 2 * MiB)]
+    got = hasher.hash_ranges([(scratch + at, n) for at, n in ranges])
+    assert got == [_want(data[at:at + n]) for at, n in ranges]
+    assert hasher.hash_ranges([]) == []
+
+
 @pytest.fixture
 def gpu_daemon(daemon_factory):
     if usable_gpus() == 0:
