@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Core benchmarks of gpumemd (host backend): CLI listing, create/remove round trips, restarts.
 
-    /work/main/.venv/bin/python bench/core.py            # table on stdout
-    /work/main/.venv/bin/python bench/core.py --json     # the same figures as one JSON document
+    python3 bench/core.py            # table on stdout
+    python3 bench/core.py --json     # the same figures as one JSON document
 
 It starts its own gpumemd (`--backend host`) in a fresh directory under /tmp, with its own
 socket and state directory, and removes all of it at the end: the daemon, the keeper process

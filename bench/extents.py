@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What growing a large allocation costs, by extents and by a copy (issue 26, item 1).
 
-    /work/main/.venv/bin/python bench/extents.py --backend cuda [--size 4G] [--json]
+    python3 bench/extents.py --backend cuda [--size 4G] [--json]
 
 It starts gpumemd twice on the cuda backend with a mount, once with `--extents on` and once
 with `--extents off`. Each time it creates a durable allocation of --size with ECC, fills it,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Filesystem benchmark of gpumemd's mount: dd throughput and metadata rates against tmpfs.
 
-    /work/main/.venv/bin/python bench/fs.py                          # table on stdout
-    /work/main/.venv/bin/python bench/fs.py --backend host --size 512M
-    /work/main/.venv/bin/python bench/fs.py --json                   # the same as JSON
+    python3 bench/fs.py                          # table on stdout
+    python3 bench/fs.py --backend host --size 512M
+    python3 bench/fs.py --json                   # the same as JSON
 
 It starts its own `gpumemd --backend B --mount DIR` (the console script next to this
 interpreter) in a fresh /tmp/gpumemctl-fsbench-* directory, and its source file and tmpfs

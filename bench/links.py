@@ -2,7 +2,7 @@
 """What a hard link costs as a file's names grow (issue 24, item 12), and what root's `ls`
 waits meanwhile.
 
-    /work/main/.venv/bin/python bench/links.py [--names 20000] [--ops 300] [--json]
+    python3 bench/links.py [--names 20000] [--ops 300] [--json]
 
 It starts its own gpumemd (host backend, a FUSE mount) from this checkout in a temp dir and
 removes it at the end. For a file with 1 name and then with --names names (made through the

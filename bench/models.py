@@ -3,7 +3,7 @@
 `gpumemctl.tensors.load`, against `from_pretrained(...).cuda()` from the page cache.
 
     source .gpu/env.sh; python3 bench/models.py                         # GPU machine
-    /work/main/.venv/bin/python bench/models.py --backend host --runs 3   # any machine
+    python3 bench/models.py --backend host --runs 3   # any machine
     python3 bench/models.py --json           # the same figures as one JSON document
 
 It writes a random LlamaForCausalLM (bf16, --size, about 320 MB by default) with transformers'

@@ -3,9 +3,9 @@
 transactions, and a read right after a write through the page cache, against tmpfs in the
 same run.
 
-    /work/main/.venv/bin/python bench/mount_apps.py                 # table on stdout
-    /work/main/.venv/bin/python bench/mount_apps.py --files 10000 --inserts 10000
-    /work/main/.venv/bin/python bench/mount_apps.py --json          # {"rows", "figures"}
+    python3 bench/mount_apps.py                 # table on stdout
+    python3 bench/mount_apps.py --files 10000 --inserts 10000
+    python3 bench/mount_apps.py --json          # {"rows", "figures"}
 
 It starts its own `gpumemd --backend B --mount DIR` (bench/fs.py's MountDaemon) in a fresh
 /tmp/gpumemctl-appbench-* directory, and its tmpfs baseline in a fresh

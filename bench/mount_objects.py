@@ -2,9 +2,9 @@
 """Many small files in the mount (issue 26): creates, stats and unlinks per second, against
 tmpfs in the same run.
 
-    /work/main/.venv/bin/python bench/mount_objects.py                  # table on stdout
-    /work/main/.venv/bin/python bench/mount_objects.py --files 20000 --runs 3
-    /work/main/.venv/bin/python bench/mount_objects.py --json           # {"rows", "figures"}
+    python3 bench/mount_objects.py                  # table on stdout
+    python3 bench/mount_objects.py --files 20000 --runs 3
+    python3 bench/mount_objects.py --json           # {"rows", "figures"}
 
 It starts its own `gpumemd --backend B --mount DIR` (bench/fs.py's MountDaemon, over
 bench/core.py's harness) in a fresh /tmp/gpumemctl-mobench-* directory, and its tmpfs

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Many objects (issue 26): what each object costs today in time, device memory and descriptors.
 
-    /work/main/.venv/bin/python bench/objects.py --objects 2000          # table on stdout
-    /work/main/.venv/bin/python bench/objects.py --objects 20000 --fd-limit 4096
-    /work/main/.venv/bin/python bench/objects.py --json                  # {"rows", "figures"}
+    python3 bench/objects.py --objects 2000          # table on stdout
+    python3 bench/objects.py --objects 20000 --fd-limit 4096
+    python3 bench/objects.py --json                  # {"rows", "figures"}
 
 It starts its own gpumemd (bench/core.py's harness; `--backend host|cuda|auto`) in a fresh
 directory under /tmp, optionally under a lowered open-file limit (`--fd-limit N`: soft and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a small write into a large allocation costs (issue 26, the parity of what changed).
 
-    /work/main/.venv/bin/python bench/partial_write.py [--writes 20] [--large 1G] [--json]
+    python3 bench/partial_write.py [--writes 20] [--large 1G] [--json]
 
 It starts its own gpumemd (host backend, or --backend cuda) from this checkout in a temp dir,
 makes a 4 MiB and a --large allocation with ECC (rs) and one of --large without (none), fills

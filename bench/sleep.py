@@ -3,7 +3,7 @@
 the pinned copies of the same size in the same run.
 
     source .gpu/env.sh; python3 bench/sleep.py                               # GPU machine, 16 GiB
-    /work/main/.venv/bin/python bench/sleep.py --backend host --size 256M    # any machine
+    python3 bench/sleep.py --backend host --size 256M    # any machine
     python3 bench/sleep.py --json              # the same figures as one JSON document
 
 It starts its own gpumemd (the console script next to this interpreter, through bench/core.py's

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Snapshot benchmark: `gpumemctl snapshot create/restore` against the disk's and memory's rates.
 
-    /work/main/.venv/bin/python bench/snapshot.py                                  # table
-    /work/main/.venv/bin/python bench/snapshot.py --backend host --size 256M --runs 1
-    /work/main/.venv/bin/python bench/snapshot.py --json           # the same figures as JSON
+    python3 bench/snapshot.py                                  # table
+    python3 bench/snapshot.py --backend host --size 256M --runs 1
+    python3 bench/snapshot.py --json           # the same figures as JSON
 
 It starts its own gpumemd (the console script next to this interpreter, through bench/core.py's
 harness) in a fresh /tmp/gpumemctl-snapbench-* directory, writes its snapshots and dd files in

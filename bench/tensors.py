@@ -3,7 +3,7 @@
 safetensors file, against the pinned copy rate and `safetensors.torch.load_file`.
 
     source .gpu/env.sh; python3 bench/tensors.py                       # GPU machine, 16 GiB
-    /work/main/.venv/bin/python bench/tensors.py --backend host --size 512M   # any machine
+    python3 bench/tensors.py --backend host --size 512M   # any machine
     python3 bench/tensors.py --json                     # the same figures as one JSON document
 
 It starts its own gpumemd (the console script next to this interpreter, through bench/core.py's
