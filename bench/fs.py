@@ -93,6 +93,15 @@ def machine(backend: str) -> dict:
             "loadavg_at_start": m["loadavg_at_start"]}
 
 
+def machine_line(fig: dict, settings: str) -> str:
+    """The first line of a mount benchmark's table: the machine (fig["machine"], machine()),
+    the benchmark's own `settings`, and the load average at its start and end."""
+    m = fig["machine"]
+    return (f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, "
+            f"Linux {m['kernel']}, Python {platform.python_version()}, GPU {m['gpu'] or '-'}; "
+            f"{settings}; load {fig['loadavg'][0]} at start, {fig['loadavg'][-1]} at end")
+
+
 def mount_type(path: str) -> str | None:
     """The filesystem type mounted exactly at `path`, or None."""
     with open("/proc/self/mounts") as f:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import signal
 import sqlite3
 import statistics
@@ -149,11 +148,9 @@ def rows_from(fig: dict) -> list[dict]:
 
 
 def print_table(fig: dict, rows: list[dict]) -> None:
-    m, c = fig["machine"], fig["config"]
-    print(f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, "
-          f"Linux {m['kernel']}, Python {platform.python_version()}, GPU {m['gpu'] or '-'}; "
-          f"backend {c['backend']}; GPUMEMD_FUSE_INIT={c['init'] or '(unset)'}; load "
-          f"{fig['loadavg'][0]} at start, {fig['loadavg'][-1]} at end")
+    c = fig["config"]
+    print(fs.machine_line(fig, f"backend {c['backend']}; "
+                               f"GPUMEMD_FUSE_INIT={c['init'] or '(unset)'}"))
     print(f"median of {c['runs']} run(s); SQLite {sqlite3.sqlite_version}")
     print()
     print("\n".join(core.markdown_table(rows, list(rows[0]))))

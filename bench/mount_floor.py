@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import shutil
 import signal
@@ -320,11 +319,9 @@ def app_rows(fig: dict) -> list[dict]:
 
 
 def print_table(fig: dict, rows: list[dict]) -> None:
-    m, c = fig["machine"], fig["config"]
-    print(f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, "
-          f"Linux {m['kernel']}, Python {platform.python_version()}, GPU {m['gpu'] or '-'}; "
-          f"gpumemd --backend {c['backend']}; GPUMEMD_FUSE_INIT={c['init'] or '(unset)'}; "
-          f"load {fig['loadavg'][0]} at start, {fig['loadavg'][-1]} at end")
+    c = fig["config"]
+    print(fs.machine_line(fig, f"gpumemd --backend {c['backend']}; "
+                               f"GPUMEMD_FUSE_INIT={c['init'] or '(unset)'}"))
     cpus = "all CPUs" if c["cpu"] is None else f"everything pinned to CPU {c['cpu']}"
     print(f"{cpus}; median of {c['runs']} run(s); SQLite {sqlite3.sqlite_version}; libfuse "
           f"{c['libfuse']}; entry/attribute timeout {ENTRY_TIMEOUT:g} s on both mounts")

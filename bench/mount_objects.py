@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import signal
 import statistics
 import sys
@@ -127,11 +126,8 @@ def rows_from(fig: dict) -> list[dict]:
 
 
 def print_table(fig: dict, rows: list[dict]) -> None:
-    m, c = fig["machine"], fig["config"]
-    print(f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['mem_gib']} GiB, "
-          f"Linux {m['kernel']}, Python {platform.python_version()}, GPU {m['gpu'] or '-'}; "
-          f"backend {c['backend']}; load {fig['loadavg'][0]} at start, "
-          f"{fig['loadavg'][-1]} at end")
+    c = fig["config"]
+    print(fs.machine_line(fig, f"backend {c['backend']}"))
     print(f"{c['files']} files of {c['size']} B in directories of {c['per_dir']}, median of "
           f"{c['runs']} run(s) after {c['warmup']} warm-up; ratio = mount / tmpfs")
     print()
