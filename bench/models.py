@@ -22,9 +22,9 @@ the end (--keep keeps the daemon's directory). Progress on stderr, the table on 
   2. A fresh process per run (--runs, after one warm-up): import torch and create the CUDA
      context (`torch.zeros(1, device="cuda")`), both timed and excluded; then
      `import gpumemctl.tensors` + `gpumemctl.tensors.load(NAME)` + one element read, and a
-     parts run that times the steps one by one: import, gpumemctl's own CUDA init,
-     connect, listing, and per shard the attach round trip, the mapping
-     (import/reserve/map/access) and its release. In three daemon
+     parts run that times the steps one by one: import, gpumemctl's own CUDA init (and
+     of it, the import of cuda.bindings.driver), connect, listing, and per shard the
+     attach round trip, the mapping (import/reserve/map/access) and its release. In three daemon
      states: right after the loads, after --churn more attaches of every shard (a daemon
      that served many requests), and right after a daemon restart (SIGTERM, start: the
      durable shards adopted).
@@ -113,7 +113,10 @@ from gpumemctl.client import Client
 from gpumemctl.hostmap import HostMapping
 from gpumemctl.memory import CudaMemory, expect_fds, region_of
 t1 = time.perf_counter()
+t1b = t1
 if cuda:
+    import cuda.bindings.driver
+    t1b = time.perf_counter()
     from gpumemctl import cudadrv
     cudadrv.init(); cudadrv.primary_context(0)
 t2 = time.perf_counter()
@@ -137,7 +140,8 @@ for info in infos:
     shards.append({"attach_rtt": b - a, "map": m - b, "unmap_detach": e - m,
                    "fds": len(fds), "bytes": i["size"]})
 c.close()
-print(json.dumps({"import": t1 - t0, "cuda_init": t2 - t1, "connect": t3 - t2,
+print(json.dumps({"import": t1 - t0, "cuda_init": t2 - t1, "bindings_import": t1b - t1,
+                  "connect": t3 - t2,
                   "listing": t4 - t3, "shards": shards,
                   "bindings": "cuda.bindings.driver" in sys.modules}))
 """
@@ -370,8 +374,10 @@ def rows_from(fig: dict) -> list[dict]:
                 f"{got[0]['bindings']}")
             parts = figs[key + "_parts"][-1]
             per = parts["shards"]
-            row(f"  parts ({key}): import / cuda init / connect / listing",
-                f"{ms(parts['import'])} / {ms(parts['cuda_init'])} / {ms(parts['connect'])} / "
+            row(f"  parts ({key}): import / cuda init (of it, import cuda.bindings.driver)"
+                " / connect / listing",
+                f"{ms(parts['import'])} / {ms(parts['cuda_init'])} "
+                f"({ms(parts['bindings_import'])}) / {ms(parts['connect'])} / "
                 f"{ms(parts['listing'])} ms")
             row(f"  parts ({key}): per shard attach rtt / map / unmap+detach",
                 "; ".join(f"{ms(s['attach_rtt'])}/{ms(s['map'])}/{ms(s['unmap_detach'])}"

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 
 from gpumemctl import cudadrv
 from gpumemctl.cudadrv import kcache
@@ -21,6 +22,7 @@ log = logging.getLogger("daemon.ecc.gpu")
 
 KERNELS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cu")
 BASE_OPTIONS = ("-std=c++17",)
+_building = threading.Lock()       # load_or_compile: one compile at a time
 
 
 def default_cache_dir() -> str:
@@ -68,12 +70,19 @@ def load_or_compile(capability: tuple[int, int], cache_dir: str | None, extra_op
     NVRTC anything (a daemon with a warm cache needs no libnvrtc). What is cached is
     checked before it is used (gpumemctl/cudadrv/kcache.py): a cache directory or file another
     user could write is not used, a file that does not match its SHA-256 is compiled again."""
-    cache = kcache.KernelCache(cache_dir) if cache_dir else None
-    try:
-        return _load_or_compile(read_source(), capability, cache, extra_options, skip_cache)
-    finally:
-        if cache is not None:
-            cache.close()
+    # One at a time in a process: a first use that comes while the prebuild compiles waits
+    # for it and then loads what it cached, rather than compiling the same kernels beside it.
+    with _building:
+        started = time.monotonic()
+        cache = kcache.KernelCache(cache_dir) if cache_dir else None
+        try:
+            out = _load_or_compile(read_source(), capability, cache, extra_options, skip_cache)
+        finally:
+            if cache is not None:
+                cache.close()
+    log.log(logging.DEBUG if out[1] else logging.INFO, "ECC kernels for %s %s in %.3f s",
+            out[3], "loaded from the cache" if out[1] else "compiled", time.monotonic() - started)
+    return out
 
 
 def prebuild(indices, cache_dir: str | None) -> threading.Thread:
@@ -81,8 +90,8 @@ def prebuild(indices, cache_dir: str | None) -> threading.Thread:
     own, where they are not there yet. gpumemd starts it at start-up: the codec is made on
     its first use, on the event loop, and compiling there (about 0.5 s with NVRTC) held
     every client and made the first `gpumemctl load --ecc rs` after a start that much
-    slower; from the cache the codec loads in milliseconds. Nothing is loaded here, and a
-    first use racing it at worst compiles twice (the cache is written atomically)."""
+    slower; from the cache the codec loads in milliseconds. Nothing is loaded here; a first
+    use while it runs waits for it (load_or_compile), then loads from the cache."""
     cache_dir = default_cache_dir() if cache_dir is None else cache_dir    # as GpuCodec's
 
     def build() -> None:
