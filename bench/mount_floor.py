@@ -8,6 +8,7 @@ on gpumemd's mount, in the same run.
     python3 bench/mount_floor.py --backend cuda --json
     python3 bench/mount_floor.py --cpu 0        # all on one CPU
     python3 bench/mount_floor.py --rows bulk --size 1G    # the dd rows alone
+    python3 bench/mount_floor.py --floor-binary PATH      # fuse_floor.c built elsewhere
 
 bench/fuse_floor.c answers every request at once, from C, on one thread, with gpumemd's
 mount options, init flags, timeouts and open flags (its top comment lists them): what it
@@ -117,7 +118,11 @@ class Floor:
         self.seq = 0
         self.premade = 0            # -P: bytes of file pages made at the start
 
-    def build(self) -> list[str]:
+    def build(self, prebuilt: str | None = None) -> list[str]:
+        if prebuilt:            # built elsewhere: a machine without a compiler or libfuse3-dev
+            shutil.copy(prebuilt, self.binary)
+            say(f"the C floor: {prebuilt}, built elsewhere")
+            return [prebuilt]
         flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], check=True,
                                capture_output=True, text=True).stdout.split()
         argv = ["cc", "-O2", "-Wall", "-o", self.binary, SOURCE, *flags]
@@ -391,6 +396,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="pin everything (this script, ls, gpumemd, the floor) to this CPU")
     p.add_argument("--host-capacity", default="2G", help="passed to gpumemd (host backend)")
     p.add_argument("--keep", action="store_true", help="keep gpumemd's temp dir (its log)")
+    p.add_argument("--floor-binary", default=None, metavar="PATH",
+                   help="bench/fuse_floor.c built elsewhere (cc -O2 bench/fuse_floor.c "
+                        "$(pkg-config --cflags --libs fuse3)), for a machine without "
+                        "libfuse3-dev")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if min(args.files, args.inserts, args.runs) < 1:
@@ -425,7 +434,7 @@ def main(argv=None) -> int:
         floor = Floor()
         floor.premade = size if args.rows != "apps" else 0
         try:
-            fig["floor_build"] = floor.build()
+            fig["floor_build"] = floor.build(args.floor_binary)
             floor.start()
             fig["floor_argv"] = floor.argv()
             fig["init"] = compare_init(floor, d)

@@ -195,6 +195,12 @@ class Backend(abc.ABC, Generic[BufferT]):
         for offset in range(0, length, COPY_CHUNK):
             self.write(buf, offset, view[offset:offset + min(COPY_CHUNK, length - offset)])
 
+    def write_pinned(self, buf: BufferT, offset: int, view: memoryview, addr: int) -> None:
+        """write() of `view`, which lies at host address `addr` in memory page-locked by
+        host_register (the mount's receive buffer): the cuda backend copies it by DMA
+        straight from there; this default writes it as any other bytes."""
+        self.write(buf, offset, view)
+
     def host_register(self, addr: int, size: int, device: str):
         """Page-lock host memory for this backend's copies to and from `device`; returns
         what undoes it. Only the cuda backend has anything to do (HostTier.register)."""

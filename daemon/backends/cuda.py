@@ -373,6 +373,13 @@ class CudaBackend(Backend[CudaBuffer]):
             with cudadrv.context(buf.index):
                 cudadrv.memcpy_htod(self._mapping(buf).ptr, addr, length)
 
+    def write_pinned(self, buf: CudaBuffer, offset: int, view: memoryview, addr: int) -> None:
+        """One synchronous DMA from the page-locked source (no copy into staging first), on
+        the legacy stream as write_small's."""
+        if len(view):
+            with cudadrv.context(buf.index):
+                cudadrv.memcpy_htod(self._mapping(buf).ptr + offset, addr, len(view))
+
     def host_register(self, addr: int, size: int, device: str):
         """In the device's context: the caller may be a worker thread, with none current."""
         index = self._by_uuid(device).index

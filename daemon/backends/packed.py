@@ -132,6 +132,9 @@ class PackedBackend(Backend):
     def write(self, buf, offset: int, data) -> None:
         self.raw.write(_memory(buf), _base(buf) + offset, data)
 
+    def write_pinned(self, buf, offset: int, view: memoryview, addr: int) -> None:
+        self.raw.write_pinned(_memory(buf), _base(buf) + offset, view, addr)
+
     def view(self, buf, offset: int, length: int) -> memoryview:
         return self.raw.view(_memory(buf), _base(buf) + offset, length)
 

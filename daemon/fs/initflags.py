@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+from collections.abc import Callable
 
 # libfuse 3.14's FUSE_CAP_* bits (fuse_common.h) that the daemon may set or clear.
 FLAGS = {
@@ -31,13 +32,14 @@ FLAGS = {
 }
 
 _lib: ctypes.CDLL | None = None
+_pylib: ctypes.PyDLL | None = None     # the same library, called with the GIL held
 _why = "not loaded"
 
 
 def load() -> None:
     """Load the library (once) with its symbols global, so that pyfuse3, loaded after it,
     binds fuse_session_new to it. A failure is remembered for negotiated()."""
-    global _lib, _why
+    global _lib, _pylib, _why
     if _lib is not None:
         return
     here = os.path.dirname(os.path.abspath(__file__))
@@ -54,8 +56,14 @@ def load() -> None:
     for name in ("gpumem_fuse_capable", "gpumem_fuse_wanted"):
         getattr(lib, name).restype = ctypes.c_uint
     lib.gpumem_fuse_answered.restype = ctypes.c_ulong
+    lib.gpumem_fuse_served.restype = ctypes.c_ulong
     lib.gpumem_fuse_want.argtypes = [ctypes.c_uint, ctypes.c_uint]
-    _lib, _why = lib, ""
+    pylib = ctypes.PyDLL(found[0], mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+    pylib.gpumem_fuse_serve_writes.argtypes = [ctypes.py_object]
+    pylib.gpumem_fuse_serve_writes.restype = None
+    lib.gpumem_fuse_receive_buffer.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+    lib.gpumem_fuse_receive_buffer.restype = ctypes.c_void_p
+    _lib, _pylib, _why = lib, pylib, ""
 
 
 def want(set_: list[str], clear: list[str]) -> str | None:
@@ -89,6 +97,35 @@ def answered_here() -> int | None:
     """How many GETXATTRs of names outside `user.` the library answered itself (ENODATA,
     without a trip through pyfuse3 and the event loop), or None without the library."""
     return _lib.gpumem_fuse_answered() if _lib is not None else None
+
+
+def serve_writes(writer: Callable[[int, int, memoryview, int], int] | None) -> str | None:
+    """Have the library answer WRITE requests by calling `writer(fh, offset, view, address)`
+    at once, on the loop's thread, instead of pyfuse3's coroutine over a copy of the bytes
+    (daemon/fs/_fuseinit.c): the view (at `address`) is in libfuse's receive buffer, valid
+    during the call only; the writer returns the count written or -errno, and never raises.
+    None goes back to pyfuse3's path. Returns why it cannot, or None."""
+    if _pylib is None:
+        return _why
+    _pylib.gpumem_fuse_serve_writes(writer)
+    return None
+
+
+def receive_buffer() -> tuple[int, int] | None:
+    """(address, size) of the library's own receive buffer, which every request is read into
+    from the next mount on (so that it can be page-locked once: Mount.open); None without
+    the library, or where it cannot be mapped. The first call makes it."""
+    if _lib is None:
+        return None
+    size = ctypes.c_size_t()
+    addr = _lib.gpumem_fuse_receive_buffer(ctypes.byref(size))
+    return (addr, size.value) if addr else None
+
+
+def served_here() -> int | None:
+    """How many WRITE requests the library handed the writer (serve_writes), or None
+    without the library."""
+    return _lib.gpumem_fuse_served() if _lib is not None else None
 
 
 def _mask(names: list[str]) -> int:

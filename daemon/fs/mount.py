@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 
 import pyfuse3
 import trio
@@ -120,6 +121,25 @@ DEFAULT_CLEAR = ("auto_inval_data",)
 INIT_FLAGS_ENV = "GPUMEMD_FUSE_INIT"
 
 
+# WRITE requests go to Operations.write_now straight from the init-flags library, without
+# pyfuse3's copy of the bytes and its coroutine (docs/mount.md, "Writes");
+# GPUMEMD_FUSE_WRITES=pyfuse3 sends them through pyfuse3 as before (benchmarks compare both).
+WRITES_ENV = "GPUMEMD_FUSE_WRITES"
+WRITE_PATHS = ("direct", "pyfuse3")
+# The part of the receive buffer page-locked for the cuda backend's DMA: a WRITE (at most
+# max_write, 1 MiB with libfuse 3.14) and its headers, with room for a libfuse that reads more.
+PINNED_RECEIVE = (4 << 20) + 4096
+
+
+def write_path() -> str:
+    """WRITES_ENV's value, "direct" by default; ValueError names what is allowed."""
+    value = os.environ.get(WRITES_ENV, "").strip() or "direct"
+    if value not in WRITE_PATHS:
+        raise ValueError(f"{WRITES_ENV}: invalid {value!r}: expected one of "
+                         f"{', '.join(WRITE_PATHS)}")
+    return value
+
+
 def init_flags_asked() -> tuple[list[str], list[str]]:
     """(set, clear): DEFAULT_CLEAR, then INIT_FLAGS_ENV's changes; ValueError names an
     unknown flag."""
@@ -173,10 +193,12 @@ class Mount:
         self.verbs, self.path = verbs, os.path.abspath(path)
         try:
             write_only_direct()
+            self.write_path = write_path()
         except ValueError as exc:
             raise MountError(str(exc)) from None
         self.session = verbs.handles.open_session(DAEMON, client="mount")
         self.ops = Operations(verbs, self.session)
+        self._unpin: Callable[[], None] = lambda: None
 
     def open(self) -> None:
         """Claim the mount point and mount (before the event loop starts, so that a failure
@@ -190,6 +212,12 @@ class Mount:
         if why and (set_ or clear) and os.environ.get(INIT_FLAGS_ENV):
             log.warning("FUSE init flags %s cannot be asked for: %s", _spelled(set_, clear),
                         why)
+        if self.write_path == "direct":
+            why = initflags.serve_writes(self.ops.write_now)
+            if why:
+                log.info("WRITE requests go through pyfuse3: %s", why)
+            else:
+                self._pin_receive_buffer()
         try:
             pyfuse3.init(self.ops, self.path, mount_options())
         except RuntimeError as exc:
@@ -197,6 +225,22 @@ class Mount:
         self.verbs.reports.add_watcher(self.ops.kernel)
         self.ops.kernel.mounted = True
         log.info("mounted %s", self.path)
+
+    def _pin_receive_buffer(self) -> None:
+        """Page-lock the head of the library's receive buffer, where every WRITE's bytes
+        land (initflags.receive_buffer): the cuda backend then copies them to the device by
+        DMA from there (docs/mount.md, "Writes"). Without it, writes copy through staging."""
+        got = initflags.receive_buffer()
+        if got is None:
+            return
+        addr = got[0]
+        try:
+            self._unpin = self.verbs.data.pin_source(addr, PINNED_RECEIVE)
+        except Exception as exc:  # noqa: BLE001 - a mount without it is only slower
+            log.warning("the mount's receive buffer is not page-locked (%s): writes copy "
+                        "through staging", exc)
+            return
+        self.ops.pinned = (addr, addr + PINNED_RECEIVE)
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Answer the kernel until cancelled (daemon stop), then unmount."""
@@ -244,6 +288,12 @@ class Mount:
         self.ops.kernel.mounted = False
         self.verbs.reports.remove_watcher(self.ops.kernel)
         pyfuse3.close(unmount=True)
+        initflags.serve_writes(None)
+        self.ops.pinned = (0, 0)
+        try:
+            self._unpin()
+        except Exception as exc:  # noqa: BLE001 - the process is ending: the pages go with it
+            log.warning("the mount's receive buffer stays page-locked: %s", exc)
         try:
             run_sync(self.verbs.handles.end_session(self.session))  # after the loop: in one go
         except GpumemError as exc:        # a full state disk: the stop releases it all
@@ -252,8 +302,10 @@ class Mount:
             run_sync(self.verbs.handles.settle_parity())
         except GpumemError as exc:        # durable files keep WRITING: rebuilt at the start
             log.warning("parity of files closed on the mount left pending: %s", exc)
-        log.info("unmounted %s (%s GETXATTRs of names outside user.* answered by the "
-                 "init-flags library)", self.path, initflags.answered_here())
+        log.info("unmounted %s (the init-flags library answered %s GETXATTRs of names "
+                 "outside user.* and passed %s WRITEs to the daemon directly, %d of them "
+                 "from the page-locked receive buffer)", self.path, initflags.answered_here(),
+                 initflags.served_here(), self.ops.pinned_writes)
 
 
 def why_no_mount(device: str = "/dev/fuse") -> str:

@@ -60,7 +60,7 @@ from .attrs import SETID, changes_of, clears_setid_only, entry_attributes, statv
 from .cache import KernelCache
 from .files import FileHandle, Files
 from .metadata_view import META_NAME, MetadataView, MetaHandle, is_meta, meta_attrs
-from .requests import OwnSteps, credentials, decode_name, handler
+from .requests import OwnSteps, answer_now, credentials, decode_name, handler
 from .xattrs import USER_PREFIX, Xattrs
 
 DOTS = 2                     # "." and "..": the first entries of every directory snapshot
@@ -89,6 +89,8 @@ class Operations(pyfuse3.Operations):
         self.files = Files(verbs, session, self.kernel)
         self.xattrs = Xattrs(verbs, session, truncated=self.files.drop_setid)
         self._own_steps = OwnSteps(self.kernel)    # a plan's steps on the loop (_run)
+        self.pinned = (0, 0)    # [start, end): the page-locked receive buffer (write_now)
+        self.pinned_writes = 0  # WRITEs whose bytes were in it (the unmount's log line)
 
     # =====================================================================================
     # inodes and handles
@@ -310,14 +312,31 @@ class Operations(pyfuse3.Operations):
         return self.v.data.view_at(handle.alloc, off, size)
 
     @handler
-    def write(self, fh, off, buf):
+    def write(self, fh, off, buf, pinned_at: int | None = None):
         handle = self._file(fh)
         if isinstance(handle, MetaHandle):    # opened read-only: the kernel refuses first
             raise UsageError("a .metadata file is read-only", details={"errno": "EBADF"})
-        written = self.v.data.write_at(handle.alloc, off, buf, session=self.session)
+        written = self.v.data.write_at(handle.alloc, off, buf, session=self.session,
+                                       pinned_at=pinned_at)
         if handle.alloc.mode & SETID:                 # rare: most files have neither bit
             self.files.drop_setid(handle.alloc, handle.cred, handle)
         return written
+
+    def write_now(self, fh: int, off: int, view: memoryview, addr: int) -> int:
+        """WRITE served by the init-flags library (initflags.serve_writes; docs/mount.md,
+        "Writes"): the same handler, called at once with a view of libfuse's buffer (at
+        `addr`), never a copy; where the view lies in the page-locked part of the receive
+        buffer (Mount.open), its bytes go to the device by DMA from there. Returns the count
+        written, or -errno: it must not raise."""
+        start, end = self.pinned
+        pinned = None
+        if start <= addr and addr + len(view) <= end:
+            pinned = addr
+            self.pinned_writes += 1
+        try:
+            return answer_now(self, Operations.write.__wrapped__, (fh, off, view, pinned))
+        except pyfuse3.FUSEError as exc:
+            return -exc.errno
 
     async def flush(self, fh):
         # Sent at every close(2), synchronously. There is nothing to do before release (the

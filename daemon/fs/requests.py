@@ -78,18 +78,25 @@ def handler(method):
                 CLIENT_UID.reset(client)
         return run_async
 
-    @functools.wraps(method)
+    @functools.wraps(method)        # wrapper.__wrapped__ is `method` (answer_now's)
     async def wrapper(self, *args):
-        self.kernel.own_request = True
-        client = CLIENT_UID.set(getattr(args[-1], "uid", None) if args else None)
-        try:
-            return method(self, *args)
-        except Exception as exc:  # noqa: BLE001 - fuse_error logs a bug's traceback
-            raise fuse_error(method.__name__, args, exc) from None
-        finally:
-            CLIENT_UID.reset(client)
-            self.kernel.own_request = False
+        return answer_now(self, method, args)
     return wrapper
+
+
+def answer_now(ops, method, args: tuple):
+    """A plain handler inside the boundary, called at once: through pyfuse3 (handler), or
+    from the init-flags library's WRITE path (Operations.write_now), which has no coroutine
+    and no turn of the event loop between the request and its answer."""
+    ops.kernel.own_request = True
+    client = CLIENT_UID.set(getattr(args[-1], "uid", None) if args else None)
+    try:
+        return method(ops, *args)
+    except Exception as exc:  # noqa: BLE001 - fuse_error logs a bug's traceback
+        raise fuse_error(method.__name__, args, exc) from None
+    finally:
+        CLIENT_UID.reset(client)
+        ops.kernel.own_request = False
 
 
 class OwnSteps:

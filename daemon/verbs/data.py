@@ -4,6 +4,7 @@ is daemon/core/sizing.py's."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpumemctl.protocol import NoMemory, NotFound, UsageError
@@ -75,12 +76,13 @@ class DataVerbs:
 
     # ---- bytes ----------------------------------------------------------------------------
     def write_at(self, alloc: Allocation, offset: int, data, cred: Credentials | None = None,
-                 *, session: Session | None = None) -> int:
+                 *, session: Session | None = None, pinned_at: int | None = None) -> int:
         """Write `data` at `offset`. `cred` None: the caller (a handle opened for writing)
         has been authorised. A write past the size grows the allocation (past the capacity
         with room to spare, GROWTH_FACTOR; NoMemory/ENOSPC when the device is full). Size
         and times change in memory only: flush_times() commits them at release/fsync, as a
-        filesystem does; a reallocation is committed at once.
+        filesystem does; a reallocation is committed at once. `pinned_at`: the host address
+        of `data`, page-locked by pin_source (the mount's receive buffer), copied from there.
 
         The parity's WRITING mark (Integrity.writes_begin, a change that may fail) comes
         first: a write it refuses has changed nothing, the size included."""
@@ -98,11 +100,22 @@ class DataVerbs:
             self._grow_for_write(alloc, offset, end, session)
         self.custody.require_memory(alloc)
         self.integrity.writes_begin(alloc)      # memory a pending allocation just got
-        self.backend.write(alloc.buffer, offset, data)
+        if pinned_at is None:
+            self.backend.write(alloc.buffer, offset, data)
+        else:
+            self.backend.write_pinned(alloc.buffer, offset, data, pinned_at)
         alloc.modified_ns = alloc.changed_ns = time.time_ns()
         self.integrity.note_written(alloc, offset, end)
         self.sizing.note_unflushed(alloc)
         return len(data)
+
+    def pin_source(self, addr: int, size: int) -> Callable[[], None]:
+        """Page-lock host memory that writes will come from (write_at's `pinned_at`), for
+        copies to every device (Backend.host_register); returns what undoes it."""
+        devices = self.backend.devices()
+        if not devices:
+            return lambda: None
+        return self.backend.host_register(addr, size, devices[0].uuid)
 
     def _grow_for_write(self, alloc: Allocation, offset: int, end: int,
                         session: Session | None) -> None:

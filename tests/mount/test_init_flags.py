@@ -10,6 +10,7 @@ import ctypes
 import errno
 import mmap
 import os
+import re
 
 import pytest
 
@@ -126,10 +127,18 @@ def test_pages_written_through_the_mount_stay_cached(mounted_factory):
 
 
 # ---- requests the library answers itself ------------------------------------------------------
-def _answered(d) -> int:
-    """The count the daemon logs at unmount (after d.stop())."""
+def _unmount_counts(d) -> tuple[int, int, int]:
+    """The counts the daemon logs at unmount (after d.stop()): GETXATTRs the library
+    answered, WRITEs it passed to the daemon directly, and how many of those came from
+    the page-locked receive buffer."""
     line = next(line for line in d.log().splitlines() if "unmounted" in line)
-    return int(line.split("(")[1].split(" ")[0])
+    found = re.search(r"answered (\d+) GETXATTRs .* passed (\d+) WRITEs .*, (\d+) of them", line)
+    assert found, line
+    return int(found[1]), int(found[2]), int(found[3])
+
+
+def _answered(d) -> int:
+    return _unmount_counts(d)[0]
 
 
 def test_xattrs_outside_user_are_answered_without_python(mounted_factory):
