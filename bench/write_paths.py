@@ -117,17 +117,17 @@ def served(d) -> int | None:
 
 def rows_from(fig: dict) -> list[dict]:
     size, secs, rows = fig["config"]["size"], fig["seconds"], []
-    for bs in BLOCK_SIZES:
-        tmpfs = secs["tmpfs"][bs]
-        row = {"dd write, new file": f"{fs.format_size(size)} bs={bs}",
+    for key in BLOCK_SIZES:
+        tmpfs = secs["tmpfs"][key]
+        row = {"row": f"dd write {fs.format_size(size)} bs={key}, new file",
                "tmpfs (GB/s)": f"{fs.gbps(size, tmpfs):.2f}"}
         for path in PATHS:
-            s = secs[path][bs]
+            s = secs[path][key]
             row[f"{path} (GB/s)"] = f"{fs.gbps(size, s):.2f} ({tmpfs / s:.2f}x)"
-        row["direct / pyfuse3"] = f"{secs['pyfuse3'][bs] / secs['direct'][bs]:.2f}x"
+        row["direct / pyfuse3"] = f"{secs['pyfuse3'][key] / secs['direct'][key]:.2f}x"
         rows.append(row)
     tmpfs = secs["tmpfs"]["4K"]
-    row = {"dd write, new file": f"{SMALL_COUNT} pwrites of 4K, O_RDWR (writes/s)",
+    row = {"row": f"{SMALL_COUNT} pwrites of 4K, O_RDWR (writes/s)",
            "tmpfs (GB/s)": f"{SMALL_COUNT / tmpfs:,.0f}"}
     for path in PATHS:
         s = secs[path]["4K"]
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
             runs.append(one_run({w: p for w, p in where.items()}, daemons, r, src, src_hash,
                                 size))
         fig["seconds"] = {w: {key: statistics.median(x[w][key] for x in runs)
-                              for key in (*BLOCK_SIZES, "4K")} for w in where}
+                              for key in runs[0][w]} for w in where}
         fig["runs"] = runs
         fig["loadavg"].append(round(os.getloadavg()[0], 2))
     except KeyboardInterrupt:

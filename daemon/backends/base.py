@@ -168,6 +168,8 @@ class Backend(abc.ABC, Generic[BufferT]):
 
     resizes_in_place = False     # whether resize_in_place() works (else: reallocate + copy)
     fresh_memory_is_zero = False # whether allocate() returns memory that reads as zeros
+    # Whether host_register page-locks anything (copies by DMA from it): the cuda backend's.
+    registers_host_memory = False
 
     def resize_in_place(self, buf: BufferT, capacity: int) -> None:
         """Change the buffer's capacity where it is, keeping its contents and every fd that

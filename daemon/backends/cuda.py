@@ -373,6 +373,8 @@ class CudaBackend(Backend[CudaBuffer]):
             with cudadrv.context(buf.index):
                 cudadrv.memcpy_htod(self._mapping(buf).ptr, addr, length)
 
+    registers_host_memory = True
+
     def write_pinned(self, buf: CudaBuffer, offset: int, view: memoryview, addr: int) -> None:
         """One synchronous DMA from the page-locked source (no copy into staging first), on
         the legacy stream as write_small's."""

@@ -37,6 +37,7 @@ class PackedBackend(Backend):
         self.fd_grants_write = raw.fd_grants_write
         self.resizes_in_place = raw.resizes_in_place
         self.fresh_memory_is_zero = raw.fresh_memory_is_zero
+        self.registers_host_memory = raw.registers_host_memory
         self.own_buffers = 0          # descriptors of memory of its own alive (_count_own)
         self.own_extra = 0            # of which extents past a buffer's first
         self.own_generation = 0       # changes to that count, for the per-uid cache

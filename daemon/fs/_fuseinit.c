@@ -20,16 +20,15 @@
  * And WRITE, once the daemon has named its writer (gpumem_fuse_serve_writes): pyfuse3 copies
  * every request's bytes into a new bytes object and runs the handler as a coroutine on the
  * next turn of the event loop; a dd of 1 MiB writes spent 45% of the daemon's time there
- * (docs/mount.md, "Writes"). Here the writer is called at once, on the same thread, with the
- * GIL (pyfuse3 holds it while libfuse dispatches), and given a read-only memoryview of
- * libfuse's own receive buffer: the daemon copies the bytes once, into the file's memory. The
- * view is released before the reply, so no reference kept past the call can read the buffer
- * that the next request overwrites. A request whose data sits in a pipe (splice) still goes
- * to pyfuse3.
+ * (docs/mount.md, "Writes from C"). Here the writer is called at once, on the same thread,
+ * with the GIL (pyfuse3 holds it while libfuse dispatches), and given a read-only memoryview
+ * of libfuse's own receive buffer: the daemon copies the bytes once, into the file's memory. The view is released before the reply, so no reference kept past
+ * the call can read the buffer that the next request overwrites. A request whose data sits
+ * in a pipe (splice) still goes to pyfuse3.
  *
- * That buffer is this library's own once the daemon asks for it (gpumem_fuse_receive_buffer),
- * so that the daemon can page-lock it once and copy a WRITE's bytes to the GPU by DMA
- * straight from where the kernel put them (docs/mount.md, "Writes"). libfuse reads into
+ * That buffer is this library's own once the daemon asks for it (gpumem_fuse_receive_buffer,
+ * where the backend copies by DMA), so that the daemon can page-lock it once and copy a
+ * WRITE's bytes to the GPU straight from where the kernel put them. libfuse reads into
  * buf->mem when it is set, and mallocs one otherwise; pyfuse3 frees it when its task ends.
  * So the interposed fuse_session_receive_buf lends the buffer (when buf->mem is unset) and
  * takes it back when nothing was received; fuse_session_process_buf takes it back after the
@@ -39,11 +38,8 @@
  * and pyfuse3 never sees it at its free(). Nothing else of pyfuse3's or libfuse's behaviour
  * changes. */
 #define PY_SSIZE_T_CLEAN
-#define Py_LIMITED_API 0x03080000   /* the stable ABI: one build for every Python 3.8+ */
+#define Py_LIMITED_API 0x030B0000   /* the stable ABI (PyBUF_READ in it from 3.11): one build */
 #include <Python.h>           /* first, as Python asks; its pyconfig.h defines _GNU_SOURCE */
-#ifndef PyBUF_READ
-#define PyBUF_READ 0x100      /* in the limited API's headers from 3.11; its value since 3.3 */
-#endif
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -152,10 +148,22 @@ void fuse_session_process_buf(struct fuse_session *se, const struct fuse_buf *bu
         ((struct fuse_buf *)buf)->mem = NULL;    /* pyfuse3's own variable: never freed */
 }
 
-/* What the writer answered: a count, or -errno. An exception escaping it is a bug (the
- * daemon's boundary turns every error into an errno): printed as unraisable and answered EIO;
- * a KeyboardInterrupt is raised again at Python's next check. */
-static long written_or_errno(PyObject *result) {
+/* An exception escaping the writer is a bug (the daemon's boundary turns every error into an
+ * errno): printed as unraisable, and the request answered EIO; a KeyboardInterrupt is raised
+ * again at Python's next check. */
+static void drop_error(PyObject *where) {
+    if (!PyErr_Occurred())
+        return;
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+        PyErr_Clear();
+        PyErr_SetInterrupt();
+    } else {
+        PyErr_WriteUnraisable(where);
+    }
+}
+
+/* What the writer answered: a count, or -errno. */
+static long written_or_errno(PyObject *result, PyObject *where) {
     long n = -EIO;
     if (result) {
         n = PyLong_AsLong(result);
@@ -163,14 +171,7 @@ static long written_or_errno(PyObject *result) {
         if (n == -1 && PyErr_Occurred())
             n = -EIO;
     }
-    if (PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-            PyErr_Clear();
-            PyErr_SetInterrupt();
-        } else {
-            PyErr_WriteUnraisable(writer);
-        }
-    }
+    drop_error(where);
     return n;
 }
 
@@ -192,7 +193,7 @@ static void write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
                                                     (long long)off, view,
                                                     (unsigned long long)(uintptr_t)
                                                     ((char *)buf->mem + bufv->off)) : NULL;
-    long n = written_or_errno(result);
+    long n = written_or_errno(result, callable);
     if (view) {
         PyObject *gone = PyObject_CallMethod(view, "release", NULL);
         if (!gone) {                 /* still exported: a bug, and the reply must not wait */

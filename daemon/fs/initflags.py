@@ -128,6 +128,7 @@ def served_here() -> int | None:
     return _lib.gpumem_fuse_served() if _lib is not None else None
 
 
+
 def _mask(names: list[str]) -> int:
     out = 0
     for name in names:

@@ -324,10 +324,10 @@ class Operations(pyfuse3.Operations):
 
     def write_now(self, fh: int, off: int, view: memoryview, addr: int) -> int:
         """WRITE served by the init-flags library (initflags.serve_writes; docs/mount.md,
-        "Writes"): the same handler, called at once with a view of libfuse's buffer (at
-        `addr`), never a copy; where the view lies in the page-locked part of the receive
-        buffer (Mount.open), its bytes go to the device by DMA from there. Returns the count
-        written, or -errno: it must not raise."""
+        "Writes from C"): the same handler, called at once with a view of
+        libfuse's buffer (at `addr`), never a copy; where the view lies in the page-locked
+        part of the receive buffer (Mount.open), its bytes go to the device by DMA from
+        there. Returns the count written, or -errno: it must not raise."""
         start, end = self.pinned
         pinned = None
         if start <= addr and addr + len(view) <= end:

@@ -109,13 +109,18 @@ class DataVerbs:
         self.sizing.note_unflushed(alloc)
         return len(data)
 
-    def pin_source(self, addr: int, size: int) -> Callable[[], None]:
+    def pin_source(self, addr: int, size: int) -> Callable[[], None] | None:
         """Page-lock host memory that writes will come from (write_at's `pinned_at`), for
-        copies to every device (Backend.host_register); returns what undoes it."""
+        copies to every device (Backend.host_register); returns what undoes it, or None
+        where the backend copies by DMA from nothing (the host backend)."""
         devices = self.backend.devices()
-        if not devices:
-            return lambda: None
+        if not devices or not self.backend.registers_host_memory:
+            return None
         return self.backend.host_register(addr, size, devices[0].uuid)
+
+    def pins_sources(self) -> bool:
+        """Whether pin_source would page-lock anything (the cuda backend's DMA)."""
+        return self.backend.registers_host_memory
 
     def _grow_for_write(self, alloc: Allocation, offset: int, end: int,
                         session: Session | None) -> None:

@@ -1,17 +1,19 @@
 """WRITE requests served by the init-flags library (issue 29; daemon/fs/_fuseinit.c,
-docs/mount.md "Writes"): the daemon's write handler is called at once with a view of
+docs/mount.md "Writes from C"): the daemon's write handler is called at once with a view of
 libfuse's buffer, instead of through pyfuse3's copy and coroutine. What a user observes: the
-bytes read back are those written, through either path, by either user; the daemon's errors
-still reach write(2); and the daemon's log at unmount counts the WRITEs that took the direct
-path (none with GPUMEMD_FUSE_WRITES=pyfuse3)."""
+bytes read back (every way a file is read) are those written, through either path, by either
+user; the daemon's errors still reach write(2); and the daemon's log at unmount counts the
+WRITEs that took the direct path (none with GPUMEMD_FUSE_WRITES=pyfuse3)."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 
 import pytest
 
 from daemon.fs.mount import write_path
+from tests.harness import MOUNT_BACKEND
 from tests.users import NOBODY, run_as
 
 from .test_init_flags import _asked, _unmount_counts
@@ -52,7 +54,7 @@ def _read_back(d, want: dict[str, bytes]) -> None:
     for name, data in want.items():
         with open(os.path.join(d.mnt, name), "rb") as f:
             assert f.read() == data, name
-        assert d.cli("read", name, "-", check=True).stdout == data, name  # the daemon's own
+        assert d.cli("read", name, "-", env=d.extra_env, check=True).stdout == data, name
 
 
 def test_writes_take_the_direct_path_and_read_back(mounted_factory):
@@ -63,7 +65,9 @@ def test_writes_take_the_direct_path_and_read_back(mounted_factory):
     d.stop()
     _, direct, pinned = _unmount_counts(d)
     assert direct >= 4 + 4                              # 4 MiB writes, 4 small ones at least
-    assert pinned == direct          # each from the library's own (page-locked) buffer
+    # On cuda each from the library's own page-locked buffer; the host backend leaves
+    # libfuse its own (test_direct_requests_fake.py checks the lending in CI).
+    assert pinned == (direct if MOUNT_BACKEND == "cuda" else 0)
 
 
 def test_pyfuse3_path_reads_back_the_same(mounted_factory):
@@ -71,8 +75,48 @@ def test_pyfuse3_path_reads_back_the_same(mounted_factory):
     _asked(d)
     want = _write_mixed(d.mnt)
     _read_back(d, want)
+    _reads_of_every_kind(d)
     d.stop()
     assert _unmount_counts(d)[1:] == (0, 0)
+
+
+def _reads_of_every_kind(d) -> None:
+    """Bytes the daemon wrote (its socket API), read through the mount at odd offsets and
+    sizes, past the end, from a hole, by mmap and from a `.metadata` file."""
+    data = os.urandom(3 * MiB + 123)
+    d.cli("create", "r", "--size", str(len(data)), env=d.extra_env, check=True)
+    d.cli("write", "r", "-", input=data, env=d.extra_env, check=True)
+    path = os.path.join(d.mnt, "r")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)      # every read a READ request
+    try:
+        buf = mmap.mmap(-1, 2 * MiB)                    # O_DIRECT wants aligned memory
+        for offset, size in ((0, 4096), (MiB, 2 * MiB), (3 * MiB, MiB)):
+            n = os.preadv(fd, [memoryview(buf)[:size]], offset)
+            assert buf[:n] == data[offset:offset + size], (offset, size)
+        assert os.preadv(fd, [memoryview(buf)[:4096]], 4 * MiB) == 0    # past the end
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f:
+        assert f.read() == data
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            assert m[MiB:MiB + 100] == data[MiB:MiB + 100] and m[-5:] == data[-5:]
+    hole = os.path.join(d.mnt, "hole")
+    with open(hole, "wb") as f:
+        f.truncate(MiB)
+        f.seek(MiB - 4)
+        f.write(b"tail")
+    with open(hole, "rb") as f:
+        assert f.read() == bytes(MiB - 4) + b"tail"
+    with open(os.path.join(d.mnt, ".metadata", "r"), "rb") as f:
+        assert b'"size"' in f.read()
+
+
+def test_bytes_written_directly_read_back_every_way(mounted_factory):
+    d = mounted_factory()
+    _asked(d)
+    _reads_of_every_kind(d)
+    d.stop()
+    assert _unmount_counts(d)[1] >= 1         # the hole's tail came the direct way
 
 
 def test_the_daemons_refusals_reach_write(mounted_factory):
@@ -101,6 +145,7 @@ def test_a_bad_setting_names_what_is_allowed(monkeypatch):
     with pytest.raises(ValueError, match="GPUMEMD_FUSE_WRITES: invalid 'splice': expected "
                                          "one of direct, pyfuse3"):
         write_path()
+
     monkeypatch.setenv("GPUMEMD_FUSE_WRITES", "pyfuse3")
     assert write_path() == "pyfuse3"
     monkeypatch.delenv("GPUMEMD_FUSE_WRITES")

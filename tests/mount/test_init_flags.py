@@ -129,8 +129,8 @@ def test_pages_written_through_the_mount_stay_cached(mounted_factory):
 # ---- requests the library answers itself ------------------------------------------------------
 def _unmount_counts(d) -> tuple[int, int, int]:
     """The counts the daemon logs at unmount (after d.stop()): GETXATTRs the library
-    answered, WRITEs it passed to the daemon directly, and how many of those came from
-    the page-locked receive buffer."""
+    answered, WRITEs it passed to the daemon directly, and how many of those came from the
+    library's receive buffer (page-locked for the device, where the backend copies by DMA)."""
     line = next(line for line in d.log().splitlines() if "unmounted" in line)
     found = re.search(r"answered (\d+) GETXATTRs .* passed (\d+) WRITEs .*, (\d+) of them", line)
     assert found, line
