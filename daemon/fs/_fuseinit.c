@@ -22,8 +22,9 @@
  * next turn of the event loop; a dd of 1 MiB writes spent 45% of the daemon's time there
  * (docs/mount.md, "Writes from C"). Here the writer is called at once, on the same thread,
  * with the GIL (pyfuse3 holds it while libfuse dispatches), and given a read-only memoryview
- * of libfuse's own receive buffer: the daemon copies the bytes once, into the file's memory. The view is released before the reply, so no reference kept past
- * the call can read the buffer that the next request overwrites. A request whose data sits
+ * of libfuse's own receive buffer: the daemon copies the bytes once, into the file's memory.
+ * The view is released before the reply, so no reference kept past the call can read the
+ * buffer that the next request overwrites. A request whose data sits
  * in a pipe (splice) still goes to pyfuse3.
  *
  * That buffer is this library's own once the daemon asks for it (gpumem_fuse_receive_buffer,

@@ -13,8 +13,7 @@ import os
 import pytest
 
 from tests import fakecuda
-from tests.mount.test_direct_writes import _read_back, _reads_of_every_kind, _write_mixed
-from tests.mount.test_init_flags import _asked, _unmount_counts
+from tests.mount.test_direct_writes import exercise
 
 
 @pytest.fixture
@@ -29,21 +28,9 @@ def mounted(fake_lib, daemon_factory):
 
 
 def test_writes_come_from_the_libraries_page_locked_buffer(mounted):
-    d = mounted()
-    _asked(d)                                           # skips where the library is missing
-    want = _write_mixed(d.mnt)
-    _read_back(d, want)
-    _reads_of_every_kind(d)
-    d.stop()
-    _, direct, pinned = _unmount_counts(d)
-    assert direct >= 4 + 4 and pinned == direct
+    _, direct, pinned = exercise(mounted())
+    assert direct >= 4 + 4 + 1 and pinned == direct
 
 
 def test_through_pyfuse3_libfuse_keeps_its_buffer(mounted):
-    d = mounted(GPUMEMD_FUSE_WRITES="pyfuse3")
-    _asked(d)
-    want = _write_mixed(d.mnt)
-    _read_back(d, want)
-    _reads_of_every_kind(d)
-    d.stop()
-    assert _unmount_counts(d)[1:] == (0, 0)
+    assert exercise(mounted(GPUMEMD_FUSE_WRITES="pyfuse3"))[1:] == (0, 0)

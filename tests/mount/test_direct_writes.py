@@ -57,27 +57,26 @@ def _read_back(d, want: dict[str, bytes]) -> None:
         assert d.cli("read", name, "-", env=d.extra_env, check=True).stdout == data, name
 
 
-def test_writes_take_the_direct_path_and_read_back(mounted_factory):
-    d = mounted_factory()
-    _asked(d)                                           # skips where the library is missing
-    want = _write_mixed(d.mnt)
-    _read_back(d, want)
+def exercise(d) -> tuple[int, int, int]:
+    """Every write and read below on daemon `d` (skipped where the library is missing),
+    then its stop: the counts of its unmount's log line."""
+    _asked(d)
+    _read_back(d, _write_mixed(d.mnt))
+    _reads_of_every_kind(d)
     d.stop()
-    _, direct, pinned = _unmount_counts(d)
-    assert direct >= 4 + 4                              # 4 MiB writes, 4 small ones at least
+    return _unmount_counts(d)
+
+
+def test_writes_take_the_direct_path_and_read_back(mounted_factory):
+    _, direct, pinned = exercise(mounted_factory())
+    assert direct >= 4 + 4 + 1      # 4 MiB writes, 4 small ones at least, the hole's tail
     # On cuda each from the library's own page-locked buffer; the host backend leaves
-    # libfuse its own (test_direct_requests_fake.py checks the lending in CI).
+    # libfuse its own (test_direct_writes_fake.py checks the lending in CI).
     assert pinned == (direct if MOUNT_BACKEND == "cuda" else 0)
 
 
 def test_pyfuse3_path_reads_back_the_same(mounted_factory):
-    d = mounted_factory(env={"GPUMEMD_FUSE_WRITES": "pyfuse3"})
-    _asked(d)
-    want = _write_mixed(d.mnt)
-    _read_back(d, want)
-    _reads_of_every_kind(d)
-    d.stop()
-    assert _unmount_counts(d)[1:] == (0, 0)
+    assert exercise(mounted_factory(env={"GPUMEMD_FUSE_WRITES": "pyfuse3"}))[1:] == (0, 0)
 
 
 def _reads_of_every_kind(d) -> None:
@@ -109,14 +108,6 @@ def _reads_of_every_kind(d) -> None:
         assert f.read() == bytes(MiB - 4) + b"tail"
     with open(os.path.join(d.mnt, ".metadata", "r"), "rb") as f:
         assert b'"size"' in f.read()
-
-
-def test_bytes_written_directly_read_back_every_way(mounted_factory):
-    d = mounted_factory()
-    _asked(d)
-    _reads_of_every_kind(d)
-    d.stop()
-    assert _unmount_counts(d)[1] >= 1         # the hole's tail came the direct way
 
 
 def test_the_daemons_refusals_reach_write(mounted_factory):
